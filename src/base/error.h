@@ -1,0 +1,33 @@
+// One error type for the whole engine. Parsers throw ckpt::Error with a message that
+// names what is wrong; callers at the API boundary add the file name (see WithContext).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace ckpt {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+template <typename... Args>
+[[noreturn]] void Fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+// Runs fn(); if it throws ckpt::Error, rethrows with "context: " prepended.
+template <typename Fn>
+auto WithContext(const std::string& context, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    throw Error(context + ": " + e.what());
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,24 @@
+#include "base/human.h"
+
+#include <fmt/format.h>
+
+namespace ckpt {
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (v >= 1024 && unit < 4) {
+    v /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", v, kUnits[unit]);
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "0.0%";
+  return fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+}  // namespace ckpt

@@ -1,0 +1,15 @@
+// Human-readable sizes: binary units (KiB, MiB, GiB), as zstd and most tools print them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ckpt {
+
+// 1536 -> "1.50 KiB"; below 1 KiB exact bytes ("512 B").
+std::string HumanBytes(uint64_t bytes);
+
+// "12.3%" of `whole` (0 when whole is 0).
+std::string Percent(uint64_t part, uint64_t whole);
+
+}  // namespace ckpt

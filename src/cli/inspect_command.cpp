@@ -1,0 +1,63 @@
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "ops/inspect_output.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct InspectOptions {
+  std::vector<std::string> paths;
+  bool json = false;
+  size_t top = 20;
+};
+
+int RunInspect(const InspectOptions& o) {
+  int rc = 0;
+  std::vector<std::string> files = ExpandInputs(o.paths);
+  if (files.empty()) {
+    PrintError("no checkpoint files found in the given paths");
+    return 1;
+  }
+  nlohmann::json doc = {{"files", nlohmann::json::array()}};
+  bool first = true;
+  for (const std::string& path : files) {
+    try {
+      CheckpointFile f = OpenCheckpoint(path);
+      FileReport r = BuildReport(f);
+      if (o.json) {
+        doc["files"].push_back(RenderJson(r));
+      } else {
+        if (!first) std::cout << "\n";
+        std::cout << RenderText(r, o.top);
+        first = false;
+      }
+    } catch (const Error& e) {
+      PrintError(e.what());
+      if (o.json) doc["files"].push_back({{"path", path}, {"error", e.what()}});
+      rc = 1;
+    }
+  }
+  if (o.json) std::cout << doc.dump(1) << "\n";
+  return rc;
+}
+
+}  // namespace
+
+Runner AddInspect(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  app.add_option("paths", o->paths, "Checkpoint files or folders (folders: every checkpoint "
+                                    "file inside, recognised by content)")
+      ->required();
+  app.add_flag("--json", o->json, "Print one JSON document");
+  app.add_option("-n,--top", o->top, "Rows in the largest-tensor and rollup tables")
+      ->capture_default_str();
+  return [o] { return RunInspect(*o); };
+}
+
+}  // namespace ckpt::cli

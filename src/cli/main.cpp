@@ -1,0 +1,54 @@
+// ckptool: make ML checkpoints small, safe and fast to handle.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+namespace ckpt::cli {
+
+void PrintError(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "ckptool: error: %s\n", message.c_str());
+}
+
+}  // namespace ckpt::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
+               "safetensors) without executing them"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ckptool 0.1.0");
+  struct Command {
+    CLI::App* app;
+    ckpt::cli::Runner run;
+  };
+  std::vector<Command> commands;
+  auto add = [&](const char* name, const char* help, ckpt::cli::Runner (*reg)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands.push_back({sub, reg(*sub)});
+  };
+  add("inspect", "Account for every byte of checkpoints: tensors, storages, waste, globals",
+      ckpt::cli::AddInspect);
+  add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    for (const Command& c : commands) {
+      if (c.app->parsed()) return c.run();
+    }
+  } catch (const ckpt::Error& e) {
+    ckpt::cli::PrintError(e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    ckpt::cli::PrintError(std::string("internal error: ") + e.what());
+    return 1;
+  }
+  return 2;
+}

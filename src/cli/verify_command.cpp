@@ -1,0 +1,67 @@
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "cli/commands.h"
+#include "io/parallel.h"
+#include "ops/verify.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct VerifyOptions {
+  std::vector<std::string> paths;
+  unsigned threads = DefaultThreads();
+  bool quiet = false;
+};
+
+int RunVerify(const VerifyOptions& o) {
+  std::vector<std::string> files = ExpandInputs(o.paths);
+  if (files.empty()) {
+    PrintError("no checkpoint files found in the given paths");
+    return 1;
+  }
+  size_t bad_files = 0, problems = 0;
+  for (const std::string& path : files) {
+    try {
+      CheckpointFile f = OpenCheckpoint(path);
+      VerifyResult r = Verify(f, o.threads);
+      for (const auto& p : r.problems) std::cout << fmt::format("{}: {}: {}\n", path, p.where, p.what);
+      problems += r.problems.size();
+      if (!r.problems.empty()) {
+        ++bad_files;
+      } else if (!o.quiet) {
+        std::cout << fmt::format("{}: OK ({}, {} records, {} CRC-checked)\n", path,
+                                 FormatName(f.format), r.records_checked,
+                                 HumanBytes(r.bytes_checked));
+      }
+    } catch (const Error& e) {
+      std::cout << e.what() << "\n";
+      ++bad_files;
+      ++problems;
+    }
+  }
+  std::cout.flush();
+  if (bad_files) {
+    std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,
+                             bad_files, files.size());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner AddVerify(CLI::App& app) {
+  auto o = std::make_shared<VerifyOptions>();
+  app.add_option("paths", o->paths, "Checkpoint files or folders")->required();
+  app.add_option("-j,--threads", o->threads, "Threads for CRC checking")->capture_default_str();
+  app.add_flag("-q,--quiet", o->quiet, "Print only problems");
+  return [o] { return RunVerify(*o); };
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,84 @@
+#include "io/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace ckpt {
+
+namespace {
+
+constexpr uint64_t kPageSize = 4096;
+
+[[noreturn]] void FailErrno(const std::string& path, const char* what) {
+  Fail("{}: {}: {}", path, what, std::strerror(errno));
+}
+
+}  // namespace
+
+MappedFile MappedFile::Open(const std::string& path) {
+  MappedFile f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd_ < 0) FailErrno(path, "cannot open");
+  struct stat st {};
+  if (::fstat(f.fd_, &st) != 0) FailErrno(path, "cannot stat");
+  if (!S_ISREG(st.st_mode)) Fail("{}: not a regular file", path);
+  f.size_ = static_cast<uint64_t>(st.st_size);
+  f.mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  f.inode_ = st.st_ino;
+  f.mode_ = st.st_mode;
+  if (f.size_ > 0) {
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
+    if (p == MAP_FAILED) FailErrno(path, "cannot map");
+    f.data_ = static_cast<const uint8_t*>(p);
+  }
+  return f;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+    mtime_ns_ = other.mtime_ns_;
+    inode_ = other.inode_;
+    mode_ = other.mode_;
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() { Reset(); }
+
+void MappedFile::Reset() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+  data_ = nullptr;
+  size_ = 0;
+  fd_ = -1;
+}
+
+void MappedFile::AdviseSequential(uint64_t offset, uint64_t size) const {
+  if (data_ == nullptr || size == 0) return;
+  uint64_t start = offset & ~(kPageSize - 1);
+  ::madvise(const_cast<uint8_t*>(data_) + start, offset + size - start, MADV_SEQUENTIAL);
+}
+
+void MappedFile::Release(uint64_t offset, uint64_t size) const {
+  if (data_ == nullptr || size == 0) return;
+  // Only whole pages inside the range: neighbours may still be in use by other threads.
+  uint64_t start = (offset + kPageSize - 1) & ~(kPageSize - 1);
+  uint64_t end = (offset + size) & ~(kPageSize - 1);
+  if (end > start) ::madvise(const_cast<uint8_t*>(data_) + start, end - start, MADV_DONTNEED);
+}
+
+}  // namespace ckpt

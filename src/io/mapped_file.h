@@ -1,0 +1,53 @@
+// Read-only memory map of an input file. Parsers get its bytes as a span and never a path,
+// so tests can hand them bytes from memory (see ByteCursor).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "base/byte_cursor.h"
+
+namespace ckpt {
+
+class MappedFile {
+ public:
+  // Throws ckpt::Error("<path>: <reason>") when the file cannot be opened or mapped.
+  static MappedFile Open(const std::string& path);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  Bytes bytes() const { return {data_, size_}; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+  // Modification time (ns) and inode at open: lets writers detect a file changed under them.
+  int64_t mtime_ns() const { return mtime_ns_; }
+  ino_t inode() const { return inode_; }
+  mode_t mode() const { return mode_; }
+
+  // Tells the kernel we will read [offset, offset+size) front to back.
+  void AdviseSequential(uint64_t offset, uint64_t size) const;
+  // Drops mapped pages of [offset, offset+size) from our resident set (page cache stays),
+  // so streaming through a huge file keeps RSS flat.
+  void Release(uint64_t offset, uint64_t size) const;
+
+ private:
+  void Reset();
+
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  int fd_ = -1;
+  int64_t mtime_ns_ = 0;
+  ino_t inode_ = 0;
+  mode_t mode_ = 0;
+};
+
+}  // namespace ckpt

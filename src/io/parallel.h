@@ -1,0 +1,45 @@
+// Runs fn(i) for i in [0, n) on up to `threads` threads. The first exception stops the
+// other workers from taking new items and is rethrown after all have joined.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ckpt {
+
+inline unsigned DefaultThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+template <typename Fn>
+void ParallelFor(size_t n, unsigned threads, Fn&& fn) {
+  threads = static_cast<unsigned>(std::min<size_t>(std::max(1u, threads), n));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace ckpt

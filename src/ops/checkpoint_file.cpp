@@ -1,0 +1,109 @@
+#include "ops/checkpoint_file.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "base/error.h"
+#include "zip/zip_archive.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+const char* FormatName(Format f) {
+  switch (f) {
+    case Format::kTorchZip: return "torch-zip";
+    case Format::kTorchLegacy: return "torch-legacy";
+    case Format::kSafetensors: return "safetensors";
+  }
+  return "?";
+}
+
+namespace {
+
+bool IsTorchZip(Bytes file) {
+  if (file.size() < 4 || LoadLE<uint32_t>(file.data()) != 0x04034b50) return false;
+  try {
+    zip::Archive a = zip::Archive::Parse(file);
+    if (a.entries().empty()) return false;
+    const std::string& first = a.entries().front().name;
+    size_t slash = first.find('/');
+    return slash != std::string::npos && a.Find(first.substr(0, slash) + "/data.pkl") != nullptr;
+  } catch (const Error&) {
+    return true;  // a broken zip: let the reader explain what is wrong with it
+  }
+}
+
+}  // namespace
+
+std::optional<Format> DetectFormat(Bytes file) {
+  if (file.size() >= 4 && LoadLE<uint32_t>(file.data()) == 0x04034b50) {
+    if (IsTorchZip(file)) return Format::kTorchZip;
+    return std::nullopt;
+  }
+  if (torch::LooksLikeTorchLegacy(file)) return Format::kTorchLegacy;
+  if (safetensors::LooksLikeSafetensors(file)) return Format::kSafetensors;
+  return std::nullopt;
+}
+
+CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options) {
+  CheckpointFile f;
+  f.path = path;
+  f.map = MappedFile::Open(path);
+  WithContext(path, [&] {
+    Bytes bytes = f.map.bytes();
+    std::optional<Format> format = DetectFormat(bytes);
+    if (!format) {
+      if (bytes.size() >= 4 && LoadLE<uint32_t>(bytes.data()) == 0x04034b50) {
+        Fail("zip archive without a data.pkl record: not a torch checkpoint");
+      }
+      if (bytes.size() >= 1 && bytes[0] == 0x80) {
+        Fail("a bare pickle, not a torch checkpoint (no torch magic number)");
+      }
+      Fail("not a checkpoint: neither a torch zip, a legacy torch file nor safetensors");
+    }
+    f.format = *format;
+    switch (f.format) {
+      case Format::kTorchZip: f.torch = torch::ReadTorchZip(bytes, options); break;
+      case Format::kTorchLegacy: f.torch = torch::ReadTorchLegacy(bytes, options); break;
+      case Format::kSafetensors: f.st = safetensors::Parse(bytes); break;
+    }
+  });
+  return f;
+}
+
+std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
+                                      std::vector<std::string>* skipped) {
+  std::vector<std::string> out;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (!fs::is_directory(input, ec)) {
+      out.push_back(input);
+      continue;
+    }
+    std::vector<std::string> found;
+    fs::recursive_directory_iterator it(input, fs::directory_options::skip_permission_denied, ec);
+    if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
+      if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+      std::string p = it->path().string();
+      try {
+        MappedFile m = MappedFile::Open(p);
+        if (DetectFormat(m.bytes())) {
+          found.push_back(p);
+        } else if (skipped) {
+          skipped->push_back(p);
+        }
+      } catch (const Error&) {
+        if (skipped) skipped->push_back(p);
+      }
+    }
+    std::sort(found.begin(), found.end());
+    out.insert(out.end(), found.begin(), found.end());
+  }
+  return out;
+}
+
+}  // namespace ckpt

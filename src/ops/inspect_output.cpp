@@ -1,0 +1,172 @@
+#include "ops/inspect_output.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "base/human.h"
+
+namespace ckpt {
+
+namespace {
+
+std::string Shape(const std::vector<int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
+
+void RollupTable(std::string& out, const char* title, const char* key_title,
+                 const std::vector<Rollup>& rows, size_t top_n) {
+  if (rows.empty()) return;
+  out += fmt::format("\n  {}\n", title);
+  out += fmt::format("    {:<28} {:>8} {:>12} {:>9} {:>12} {:>12} {:>12}\n", key_title, "tensors",
+                     "tensor", "storages", "storage", "used", "wasted");
+  size_t shown = 0;
+  Rollup other{"[other]"};
+  for (const Rollup& r : rows) {
+    if (shown++ >= top_n) {
+      other.tensors += r.tensors;
+      other.tensor_bytes += r.tensor_bytes;
+      other.storages += r.storages;
+      other.storage_bytes += r.storage_bytes;
+      other.used_bytes += r.used_bytes;
+      continue;
+    }
+    out += fmt::format("    {:<28} {:>8} {:>12} {:>9} {:>12} {:>12} {:>12}\n",
+                       r.key.empty() ? "<root>" : r.key, r.tensors, HumanBytes(r.tensor_bytes),
+                       r.storages, HumanBytes(r.storage_bytes), HumanBytes(r.used_bytes),
+                       HumanBytes(r.storage_bytes - r.used_bytes));
+  }
+  if (other.tensors || other.storages) {
+    out += fmt::format("    {:<28} {:>8} {:>12} {:>9} {:>12} {:>12} {:>12}\n", other.key,
+                       other.tensors, HumanBytes(other.tensor_bytes), other.storages,
+                       HumanBytes(other.storage_bytes), HumanBytes(other.used_bytes),
+                       HumanBytes(other.storage_bytes - other.used_bytes));
+  }
+}
+
+}  // namespace
+
+std::string RenderText(const FileReport& r, size_t top_n) {
+  std::string out;
+  out += fmt::format("{}: {}, {} ({} bytes)", r.path, FormatName(r.format),
+                     HumanBytes(r.file_bytes), r.file_bytes);
+  if (r.pickle_protocol >= 0) out += fmt::format(", pickle protocol {}", r.pickle_protocol);
+  out += "\n";
+
+  out += "\n  FILE BYTES\n";
+  for (const auto& [label, bytes] : r.byte_map) {
+    out += fmt::format("    {:<28} {:>12} {:>7}\n", label, HumanBytes(bytes),
+                       Percent(bytes, r.file_bytes));
+  }
+  out += fmt::format("    {:<28} {:>12} {:>7}\n", "TOTAL", HumanBytes(r.file_bytes), "100.0%");
+
+  out += fmt::format(
+      "\n  {} tensors ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
+      r.tensors.size(), HumanBytes(r.tensor_bytes), r.storages.size(), HumanBytes(r.storage_bytes),
+      HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes), Percent(r.wasted_bytes, r.storage_bytes));
+  size_t shared = std::count_if(r.storages.begin(), r.storages.end(),
+                                [](const StorageRow& s) { return s.views > 1; });
+  if (shared) out += fmt::format("  {} storages are shared by several tensors\n", shared);
+
+  RollupTable(out, "BY DTYPE", "dtype", r.by_dtype, top_n);
+  RollupTable(out, "BY TOP-LEVEL KEY", "key", r.by_key, top_n);
+
+  if (!r.tensors.empty()) {
+    std::vector<const TensorRow*> rows;
+    for (const TensorRow& t : r.tensors) rows.push_back(&t);
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const TensorRow* a, const TensorRow* b) { return a->bytes > b->bytes; });
+    size_t n = std::min(top_n, rows.size());
+    out += fmt::format("\n  LARGEST TENSORS (top {} of {})\n", n, rows.size());
+    for (size_t i = 0; i < n; ++i) {
+      const TensorRow& t = *rows[i];
+      out += fmt::format("    {:>12}  {:<9} {:<20} {}{}\n", HumanBytes(t.bytes), t.dtype,
+                         Shape(t.shape), t.name.empty() ? "<root>" : t.name,
+                         t.kind == "tensor" ? "" : fmt::format("  ({})", t.kind));
+    }
+  }
+
+  if (!r.globals.empty()) {
+    out += "\n  GLOBALS (what unpickling imports)\n";
+    for (const GlobalRow& g : r.globals) {
+      const char* mark = g.cls == torch::GlobalClass::kUnsafe ? "UNSAFE: can run code or reach the system"
+                         : g.cls == torch::GlobalClass::kOther ? "not on torch's weights_only allowlist"
+                                                               : "";
+      out += fmt::format("    {:<56} {}\n", g.name, mark);
+    }
+  }
+  if (!r.metadata.empty()) {
+    out += "\n  METADATA\n";
+    for (const auto& [k, v] : r.metadata) out += fmt::format("    {} = {}\n", k, v);
+  }
+  for (const std::string& n : r.notes) out += fmt::format("  note: {}\n", n);
+  for (const auto& p : r.problems) out += fmt::format("  problem: {}: {}\n", p.where, p.what);
+  return out;
+}
+
+nlohmann::json RenderJson(const FileReport& r) {
+  using nlohmann::json;
+  json j;
+  j["path"] = r.path;
+  j["format"] = FormatName(r.format);
+  if (r.pickle_protocol >= 0) j["pickle_protocol"] = r.pickle_protocol;
+  j["file_bytes"] = r.file_bytes;
+  j["storage_bytes"] = r.storage_bytes;
+  j["used_bytes"] = r.used_bytes;
+  j["wasted_bytes"] = r.wasted_bytes;
+  j["tensor_bytes"] = r.tensor_bytes;
+  j["metadata_bytes"] = r.metadata_bytes;
+  j["byte_map"] = json::array();
+  for (const auto& [label, bytes] : r.byte_map) j["byte_map"].push_back({{"label", label}, {"bytes", bytes}});
+  j["tensors"] = json::array();
+  for (const TensorRow& t : r.tensors) {
+    j["tensors"].push_back({{"name", t.name},
+                            {"dtype", t.dtype},
+                            {"kind", t.kind},
+                            {"shape", t.shape},
+                            {"stride", t.stride},
+                            {"storage", t.storage.empty() ? json(nullptr) : json(t.storage)},
+                            {"offset", t.offset},
+                            {"bytes", t.bytes},
+                            {"requires_grad", t.requires_grad}});
+  }
+  j["storages"] = json::array();
+  for (const StorageRow& s : r.storages) {
+    j["storages"].push_back({{"key", s.key},
+                             {"dtype", s.dtype},
+                             {"location", s.location},
+                             {"bytes", s.bytes},
+                             {"used_bytes", s.used_bytes},
+                             {"views", s.views},
+                             {"compressed", s.compressed}});
+  }
+  auto rollups = [](const std::vector<Rollup>& rows) {
+    json a = json::array();
+    for (const Rollup& row : rows) {
+      a.push_back({{"key", row.key},
+                   {"tensors", row.tensors},
+                   {"tensor_bytes", row.tensor_bytes},
+                   {"storages", row.storages},
+                   {"storage_bytes", row.storage_bytes},
+                   {"used_bytes", row.used_bytes}});
+    }
+    return a;
+  };
+  j["by_dtype"] = rollups(r.by_dtype);
+  j["by_key"] = rollups(r.by_key);
+  j["globals"] = json::array();
+  j["unsafe_globals"] = json::array();
+  j["weights_only_refused_globals"] = json::array();
+  for (const GlobalRow& g : r.globals) {
+    j["globals"].push_back(g.name);
+    if (g.cls == torch::GlobalClass::kUnsafe) j["unsafe_globals"].push_back(g.name);
+    if (g.cls != torch::GlobalClass::kTorchAllowed) j["weights_only_refused_globals"].push_back(g.name);
+  }
+  j["metadata"] = r.metadata;
+  j["notes"] = r.notes;
+  j["problems"] = json::array();
+  for (const auto& p : r.problems) j["problems"].push_back({{"where", p.where}, {"what", p.what}});
+  return j;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,224 @@
+#include "ops/inspect_report.h"
+
+#include <algorithm>
+#include <set>
+
+#include "base/checked.h"
+
+namespace ckpt {
+
+namespace {
+
+const char* kUsed = "tensor data (used)";
+const char* kUnused = "tensor data (unused)";
+const char* kCompressed = "tensor data (compressed)";
+
+// Size of the union of [begin, end) ranges.
+uint64_t UnionSize(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t total = 0, cur_begin = 0, cur_end = 0;
+  bool open = false;
+  for (auto [b, e] : ranges) {
+    if (b >= e) continue;
+    if (open && b <= cur_end) {
+      cur_end = std::max(cur_end, e);
+      continue;
+    }
+    if (open) total += cur_end - cur_begin;
+    cur_begin = b;
+    cur_end = e;
+    open = true;
+  }
+  if (open) total += cur_end - cur_begin;
+  return total;
+}
+
+void AddBytes(FileReport& r, const std::string& label, uint64_t bytes) {
+  if (bytes == 0) return;
+  for (auto& [l, b] : r.byte_map) {
+    if (l == label) {
+      b += bytes;
+      return;
+    }
+  }
+  r.byte_map.emplace_back(label, bytes);
+}
+
+Rollup& RollupFor(std::vector<Rollup>& v, const std::string& key) {
+  for (Rollup& r : v) {
+    if (r.key == key) return r;
+  }
+  v.push_back(Rollup{key});
+  return v.back();
+}
+
+void FinishByteMap(FileReport& r) {
+  uint64_t mapped = 0;
+  for (auto& [l, b] : r.byte_map) mapped += b;
+  if (mapped < r.file_bytes) AddBytes(r, "unmapped", r.file_bytes - mapped);
+  std::stable_sort(r.byte_map.begin(), r.byte_map.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+}
+
+void FromTorch(const CheckpointFile& f, FileReport& r) {
+  const torch::TorchFile& tf = *f.torch;
+  const torch::Model& m = tf.model;
+  r.pickle_protocol = m.graph.protocol;
+  r.problems = m.problems;
+  r.notes = m.notes;
+  for (const torch::Region& reg : tf.regions) AddBytes(r, reg.label, reg.size);
+
+  // Per storage: the byte ranges its views reach.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(m.storages.size());
+  std::vector<uint32_t> views(m.storages.size(), 0);
+  std::vector<std::string> storage_top(m.storages.size());
+  std::vector<bool> has_top(m.storages.size(), false);
+  for (const torch::Tensor& t : m.tensors) {
+    uint64_t es = torch::ElementSize(t.dtype);
+    uint64_t bytes = CheckedMul(t.numel, es);
+    r.tensor_bytes += bytes;
+    Rollup& d = RollupFor(r.by_dtype, std::string(torch::Name(t.dtype)));
+    d.tensors++;
+    d.tensor_bytes += bytes;
+    Rollup& k = RollupFor(r.by_key, t.top_key);
+    k.tensors++;
+    k.tensor_bytes += bytes;
+    if (t.storage >= 0) {
+      ranges[t.storage].emplace_back(t.byte_begin, t.byte_end);
+      views[t.storage]++;
+      if (!has_top[t.storage]) {
+        storage_top[t.storage] = t.top_key;
+        has_top[t.storage] = true;
+      }
+    }
+    for (const std::string& name : t.names) {
+      TensorRow row;
+      row.name = name;
+      row.dtype = std::string(torch::Name(t.dtype));
+      row.kind = t.kind;
+      row.shape = t.shape;
+      row.stride = t.stride;
+      row.storage = t.storage >= 0 ? m.storages[t.storage].key : "";
+      row.offset = static_cast<uint64_t>(t.offset);
+      row.bytes = bytes;
+      row.requires_grad = t.requires_grad;
+      r.tensors.push_back(std::move(row));
+    }
+  }
+  const zip::Archive* archive = tf.archive ? &*tf.archive : nullptr;
+  for (size_t i = 0; i < m.storages.size(); ++i) {
+    const torch::Storage& s = m.storages[i];
+    StorageRow row;
+    row.key = s.key;
+    row.dtype = std::string(torch::Name(s.dtype));
+    row.location = s.location;
+    row.bytes = s.nbytes;
+    row.used_bytes = s.used_whole ? s.nbytes : std::min(UnionSize(ranges[i]), s.nbytes);
+    row.views = views[i];
+    row.compressed = s.compressed;
+    r.storage_bytes += row.bytes;
+    r.used_bytes += row.used_bytes;
+    // On-disk bytes: the record (zip) or the declared size (legacy).
+    if (s.present) {
+      uint64_t on_disk = s.nbytes;
+      if (archive) {
+        const zip::Entry* e = archive->Find(s.record);
+        on_disk = e->compressed_size;
+        if (!s.compressed) {
+          uint64_t used = std::min(row.used_bytes, e->size);
+          AddBytes(r, kUsed, used);
+          AddBytes(r, kUnused, on_disk - used);
+        } else {
+          AddBytes(r, kCompressed, on_disk);
+        }
+      } else {
+        AddBytes(r, kUsed, row.used_bytes);
+        AddBytes(r, kUnused, s.nbytes - row.used_bytes);
+      }
+    }
+    Rollup& d = RollupFor(r.by_dtype, row.dtype);
+    d.storages++;
+    d.storage_bytes += row.bytes;
+    d.used_bytes += row.used_bytes;
+    Rollup& k = RollupFor(r.by_key, storage_top[i]);
+    k.storages++;
+    k.storage_bytes += row.bytes;
+    k.used_bytes += row.used_bytes;
+    r.storages.push_back(std::move(row));
+  }
+  std::set<std::string> globals;
+  for (pickle::NodeId id = 0; id < m.graph.nodes.size(); ++id) {
+    if (m.graph.kind(id) != pickle::Kind::kGlobal) continue;
+    std::string name = m.graph.GlobalText(id);
+    if (globals.insert(name).second) {
+      r.globals.push_back(
+          {name, torch::ClassifyGlobal(m.graph.global_module(id), m.graph.global_name(id))});
+    }
+  }
+  std::sort(r.globals.begin(), r.globals.end(),
+            [](const GlobalRow& a, const GlobalRow& b) { return a.name < b.name; });
+}
+
+void FromSafetensors(const CheckpointFile& f, FileReport& r) {
+  const safetensors::File& st = *f.st;
+  r.metadata = st.metadata;
+  AddBytes(r, "safetensors header", st.data_offset);
+  for (const safetensors::TensorEntry& e : st.tensors) {
+    uint64_t bytes = e.end - e.begin;
+    TensorRow row;
+    row.name = e.name;
+    row.dtype = e.torch_dtype;
+    row.kind = "tensor";
+    row.shape = e.shape;
+    row.stride.assign(e.shape.size(), 1);
+    for (size_t i = e.shape.size(); i-- > 1;) row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
+    row.storage = e.name;
+    row.bytes = bytes;
+    r.tensors.push_back(row);
+    StorageRow s;
+    s.key = e.name;
+    s.dtype = e.torch_dtype;
+    s.location = "cpu";
+    s.bytes = s.used_bytes = bytes;
+    s.views = 1;
+    r.storages.push_back(s);
+    r.tensor_bytes += bytes;
+    r.storage_bytes += bytes;
+    r.used_bytes += bytes;
+    AddBytes(r, kUsed, bytes);
+    std::string top = e.name.substr(0, e.name.find('.'));
+    for (Rollup* roll : {&RollupFor(r.by_dtype, e.torch_dtype), &RollupFor(r.by_key, top)}) {
+      roll->tensors++;
+      roll->tensor_bytes += bytes;
+      roll->storages++;
+      roll->storage_bytes += bytes;
+      roll->used_bytes += bytes;
+    }
+  }
+}
+
+}  // namespace
+
+FileReport BuildReport(const CheckpointFile& f) {
+  FileReport r;
+  r.path = f.path;
+  r.format = f.format;
+  r.file_bytes = f.map.size();
+  if (f.torch) FromTorch(f, r);
+  if (f.st) FromSafetensors(f, r);
+  r.wasted_bytes = r.storage_bytes - r.used_bytes;
+  FinishByteMap(r);
+  uint64_t data = 0;
+  for (auto& [label, bytes] : r.byte_map) {
+    if (label == kUsed || label == kUnused || label == kCompressed) data += bytes;
+  }
+  r.metadata_bytes = r.file_bytes - data;
+  auto by_bytes = [](const Rollup& a, const Rollup& b) {
+    return a.storage_bytes != b.storage_bytes ? a.storage_bytes > b.storage_bytes : a.key < b.key;
+  };
+  std::sort(r.by_dtype.begin(), r.by_dtype.end(), by_bytes);
+  std::sort(r.by_key.begin(), r.by_key.end(), by_bytes);
+  return r;
+}
+
+}  // namespace ckpt

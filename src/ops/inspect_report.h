@@ -1,0 +1,74 @@
+// `ckptool inspect`: a report that accounts for every byte of a checkpoint file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ops/checkpoint_file.h"
+#include "torch/global_policy.h"
+
+namespace ckpt {
+
+struct TensorRow {
+  std::string name;
+  std::string dtype;
+  std::string kind;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  std::string storage;  // storage key; empty when the tensor has no storage
+  uint64_t offset = 0;  // storage offset in elements
+  uint64_t bytes = 0;   // numel x element size
+  bool requires_grad = false;
+};
+
+struct StorageRow {
+  std::string key;
+  std::string dtype;
+  std::string location;
+  uint64_t bytes = 0;       // as the pickle declares
+  uint64_t used_bytes = 0;  // union of its views' byte ranges
+  uint32_t views = 0;       // distinct tensors over it
+  bool compressed = false;
+};
+
+struct Rollup {
+  std::string key;
+  uint64_t tensors = 0;
+  uint64_t tensor_bytes = 0;
+  uint64_t storages = 0;
+  uint64_t storage_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
+struct GlobalRow {
+  std::string name;  // module.name
+  torch::GlobalClass cls = torch::GlobalClass::kOther;
+};
+
+struct FileReport {
+  std::string path;
+  Format format = Format::kTorchZip;
+  int pickle_protocol = -1;
+  uint64_t file_bytes = 0;
+  uint64_t storage_bytes = 0;   // sum of storage sizes
+  uint64_t used_bytes = 0;      // bytes of storages some view uses
+  uint64_t wasted_bytes = 0;    // storage_bytes - used_bytes
+  uint64_t tensor_bytes = 0;    // sum over distinct tensors of numel x element size
+  uint64_t metadata_bytes = 0;  // everything in the file that is not storage data
+  // Labelled byte ranges of the file; their sizes add up to file_bytes exactly.
+  std::vector<std::pair<std::string, uint64_t>> byte_map;
+  std::vector<TensorRow> tensors;  // one row per name (a tensor reachable twice is listed twice)
+  std::vector<StorageRow> storages;
+  std::vector<Rollup> by_dtype;
+  std::vector<Rollup> by_key;
+  std::vector<GlobalRow> globals;
+  std::vector<torch::Problem> problems;
+  std::vector<std::string> notes;
+  std::map<std::string, std::string> metadata;  // safetensors __metadata__
+};
+
+FileReport BuildReport(const CheckpointFile& file);
+
+}  // namespace ckpt

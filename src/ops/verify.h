@@ -1,0 +1,22 @@
+// `ckptool verify`: checks what torch.load does not. CRC32 of every zip record, the
+// container structure, storage record sizes against the pickle, every view inside its
+// storage, safetensors offsets, and globals that could run code when unpickled.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/checkpoint_file.h"
+#include "torch/model.h"
+
+namespace ckpt {
+
+struct VerifyResult {
+  std::vector<torch::Problem> problems;  // empty: all is well
+  uint64_t records_checked = 0;
+  uint64_t bytes_checked = 0;            // bytes whose CRC32 was computed
+};
+
+VerifyResult Verify(const CheckpointFile& file, unsigned threads);
+
+}  // namespace ckpt

@@ -1,0 +1,485 @@
+#include "pickle/parser.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <unordered_map>
+
+#include "base/checked.h"
+#include "pickle/opcodes.h"
+#include "pickle/text_codec.h"
+
+namespace ckpt::pickle {
+
+namespace {
+
+class Parser {
+ public:
+  Parser(Bytes data, uint64_t base, const Limits& limits)
+      : c_(data, base), limits_(limits) {}
+
+  ParseResult Run() {
+    for (;;) {
+      op_offset_ = c_.file_pos();
+      uint8_t code = c_.ReadU8();
+      if (code == op::kStop) break;
+      Step(code);
+    }
+    NodeId root = Pop();
+    ParseResult r;
+    r.graph = std::move(g_);
+    r.graph.root = root;
+    r.end = c_.pos();
+    return r;
+  }
+
+ private:
+  [[noreturn]] void Error(const std::string& what) {
+    Fail("pickle offset {}: {}", op_offset_, what);
+  }
+
+  // ---- node creation ----
+  NodeId NewNode(Kind kind) {
+    if (g_.nodes.size() >= limits_.max_nodes) {
+      Error(fmt::format("more than {} objects (limit)", limits_.max_nodes));
+    }
+    Node n;
+    n.kind = kind;
+    n.stream_offset = op_offset_;
+    g_.nodes.push_back(n);
+    depth_.push_back(1);
+    return static_cast<NodeId>(g_.nodes.size() - 1);
+  }
+  NodeId NewCompound(Kind kind) {
+    NodeId id = NewNode(kind);
+    g_.nodes[id].compound = static_cast<uint32_t>(g_.compounds.size());
+    g_.compounds.emplace_back();
+    return id;
+  }
+  Compound& C(NodeId id) { return g_.compounds[g_.nodes[id].compound]; }
+  void StoreText(NodeId id, std::string_view text) {
+    if (g_.strings.size() + text.size() > UINT32_MAX) Error("strings exceed 4 GiB in total");
+    g_.nodes[id].text_offset = static_cast<uint32_t>(g_.strings.size());
+    g_.nodes[id].text_size = static_cast<uint32_t>(text.size());
+    g_.strings.append(text);
+  }
+  NodeId NewText(Kind kind, std::string_view text) {
+    NodeId id = NewNode(kind);
+    StoreText(id, text);
+    return id;
+  }
+  NodeId NewInt(int64_t v) {
+    NodeId id = NewNode(Kind::kInt);
+    g_.nodes[id].integer = v;
+    return id;
+  }
+  NodeId NewGlobal(std::string_view module, std::string_view name) {
+    if (module.empty() || name.empty()) Error("empty global name");
+    for (char ch : std::string(module) + std::string(name)) {
+      if (ch == '\0' || ch == '\n') Error("global name contains a NUL or newline");
+    }
+    NodeId id = NewNode(Kind::kGlobal);
+    StoreText(id, std::string(module) + std::string(name));
+    g_.nodes[id].text_size = static_cast<uint32_t>(module.size());
+    g_.nodes[id].name_size = static_cast<uint32_t>(name.size());
+    return id;
+  }
+  // A container made from `children`; its depth is one more than its deepest child.
+  NodeId NewSequence(Kind kind, std::vector<NodeId> children) {
+    NodeId id = NewCompound(kind);
+    uint32_t depth = 0;
+    for (NodeId ch : children) depth = std::max<uint32_t>(depth, depth_[ch]);
+    SetDepth(id, depth + 1);
+    if (kind == Kind::kDict) {
+      if (children.size() % 2) Error("DICT with an odd number of items");
+      C(id).pairs = std::move(children);
+    } else {
+      C(id).items = std::move(children);
+    }
+    return id;
+  }
+  void SetDepth(NodeId id, uint32_t depth) {
+    if (depth > limits_.max_depth) {
+      Error(fmt::format("objects nested deeper than {} levels (limit)", limits_.max_depth));
+    }
+    depth_[id] = static_cast<uint16_t>(depth);
+  }
+  void Grow(NodeId target, NodeId child) {
+    if (depth_[child] + 1u > depth_[target]) SetDepth(target, depth_[child] + 1u);
+  }
+
+  // ---- stack ----
+  size_t FrameStart() const { return marks_.empty() ? 0 : marks_.back(); }
+  void Push(NodeId id) { stack_.push_back(id); }
+  NodeId Pop() {
+    if (stack_.size() <= FrameStart()) Error("stack underflow");
+    NodeId id = stack_.back();
+    stack_.pop_back();
+    return id;
+  }
+  NodeId Top() {
+    if (stack_.size() <= FrameStart()) Error("stack underflow");
+    return stack_.back();
+  }
+  std::vector<NodeId> PopMark() {
+    if (marks_.empty()) Error("no MARK on the stack");
+    size_t start = marks_.back();
+    marks_.pop_back();
+    std::vector<NodeId> items(stack_.begin() + static_cast<std::ptrdiff_t>(start), stack_.end());
+    stack_.resize(start);
+    return items;
+  }
+
+  // ---- memo ----
+  void Put(uint64_t index) {
+    NodeId top = Top();
+    if (memo_.size() >= limits_.max_memo && !memo_.count(index)) {
+      Error(fmt::format("memo has more than {} entries (limit)", limits_.max_memo));
+    }
+    memo_[index] = top;
+  }
+  void Get(uint64_t index) {
+    auto it = memo_.find(index);
+    if (it == memo_.end()) Error(fmt::format("memo key {} is not defined", index));
+    Push(it->second);
+  }
+
+  // ---- helpers ----
+  uint64_t ParseDecimal(std::string_view s) {
+    uint64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p != s.data() + s.size()) Error("bad decimal '" + std::string(s) + "'");
+    return v;
+  }
+  NodeId IntFromText(std::string_view s) {
+    while (!s.empty() && (s.back() == 'L' || s.back() == ' ' || s.back() == '\r')) {
+      s.remove_suffix(1);
+    }
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && p == s.data() + s.size()) return NewInt(v);
+    std::string le;
+    if (!DecimalToTwosComplement(s, le)) Error("bad integer '" + std::string(s.substr(0, 40)) + "'");
+    return NewText(Kind::kBigInt, le);
+  }
+  NodeId IntFromBytes(Bytes b) {
+    if (b.size() <= 8) {
+      uint64_t u = 0;
+      for (size_t i = 0; i < b.size(); ++i) u |= static_cast<uint64_t>(b[i]) << (8 * i);
+      if (!b.empty() && b.size() < 8 && (b.back() & 0x80)) u |= ~0ULL << (8 * b.size());
+      return NewInt(static_cast<int64_t>(u));
+    }
+    return NewText(Kind::kBigInt, AsText(b));
+  }
+  NodeId NewFloat(double v) {
+    NodeId id = NewNode(Kind::kFloat);
+    g_.nodes[id].real = v;
+    return id;
+  }
+  NodeId NewBool(bool v) {
+    NodeId id = NewNode(Kind::kBool);
+    g_.nodes[id].boolean = v;
+    return id;
+  }
+  NodeId MakeObject(Construct how, NodeId callable, NodeId args, NodeId kwargs = kNil) {
+    NodeId id = NewCompound(Kind::kObject);
+    Compound& c = C(id);
+    c.construct = how;
+    c.callable = callable;
+    c.args = args;
+    c.kwargs = kwargs;
+    uint32_t depth = std::max(depth_[callable], depth_[args]);
+    if (kwargs != kNil) depth = std::max<uint32_t>(depth, depth_[kwargs]);
+    SetDepth(id, depth + 1);
+    return id;
+  }
+  uint64_t ReadSize(uint64_t n) {
+    if (n > c_.remaining()) {
+      Error(fmt::format("length {} is larger than the {} bytes left", n, c_.remaining()));
+    }
+    return n;
+  }
+
+  void Step(uint8_t code);
+
+  ByteCursor c_;
+  Limits limits_;
+  Graph g_;
+  std::vector<NodeId> stack_;
+  std::vector<size_t> marks_;
+  std::vector<uint16_t> depth_;
+  std::unordered_map<uint64_t, NodeId> memo_;
+  uint64_t op_offset_ = 0;
+};
+
+void Parser::Step(uint8_t code) {
+  switch (code) {
+    case op::kProto: {
+      uint8_t v = c_.ReadU8();
+      if (v > 5) Error(fmt::format("unsupported pickle protocol {}", v));
+      g_.protocol = v;
+      return;
+    }
+    case op::kFrame: ReadSize(c_.ReadLE<uint64_t>()); return;
+    case op::kMark:
+      if (marks_.size() >= limits_.max_depth) {
+        Error(fmt::format("more than {} nested MARKs (limit)", limits_.max_depth));
+      }
+      marks_.push_back(stack_.size());
+      return;
+    case op::kPop:
+      if (stack_.size() > FrameStart()) {
+        stack_.pop_back();
+      } else {
+        PopMark();
+      }
+      return;
+    case op::kPopMark: PopMark(); return;
+    case op::kDup: Push(Top()); return;
+
+    case op::kNone: Push(NewNode(Kind::kNone)); return;
+    case op::kNewTrue: Push(NewBool(true)); return;
+    case op::kNewFalse: Push(NewBool(false)); return;
+    case op::kInt: {
+      std::string_view s = c_.ReadLine();
+      if (s == "01" || s == "00") {
+        Push(NewBool(s == "01"));
+      } else {
+        Push(IntFromText(s));
+      }
+      return;
+    }
+    case op::kLong: Push(IntFromText(c_.ReadLine())); return;
+    case op::kBinInt: Push(NewInt(c_.ReadLE<int32_t>())); return;
+    case op::kBinInt1: Push(NewInt(c_.ReadU8())); return;
+    case op::kBinInt2: Push(NewInt(c_.ReadLE<uint16_t>())); return;
+    case op::kLong1: Push(IntFromBytes(c_.Read(c_.ReadU8()))); return;
+    case op::kLong4: {
+      int32_t n = c_.ReadLE<int32_t>();
+      if (n < 0) Error("negative LONG4 length");
+      Push(IntFromBytes(c_.Read(ReadSize(static_cast<uint64_t>(n)))));
+      return;
+    }
+    case op::kFloat: {
+      std::string s(c_.ReadLine());
+      char* end = nullptr;
+      double v = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size()) Error("bad float '" + s + "'");
+      Push(NewFloat(v));
+      return;
+    }
+    case op::kBinFloat: Push(NewFloat(std::bit_cast<double>(c_.ReadBE<uint64_t>()))); return;
+
+    case op::kString: {
+      std::string out;
+      if (!DecodeQuotedString(c_.ReadLine(), out)) Error("bad STRING literal");
+      Push(NewText(Kind::kStr, out));
+      return;
+    }
+    case op::kBinString: {
+      int32_t n = c_.ReadLE<int32_t>();
+      if (n < 0) Error("negative BINSTRING length");
+      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(static_cast<uint64_t>(n)))));
+      return;
+    }
+    case op::kShortBinString: Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8()))); return;
+    case op::kUnicode: {
+      std::string out;
+      DecodeRawUnicodeEscape(c_.ReadLine(), out);
+      Push(NewText(Kind::kStr, out));
+      return;
+    }
+    case op::kBinUnicode:
+      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
+      return;
+    case op::kShortBinUnicode: Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8()))); return;
+    case op::kBinUnicode8:
+      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+      return;
+    case op::kBinBytes:
+      Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
+      return;
+    case op::kShortBinBytes: Push(NewText(Kind::kBytes, c_.ReadText(c_.ReadU8()))); return;
+    case op::kBinBytes8:
+      Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+      return;
+    case op::kByteArray8:
+      Push(NewText(Kind::kByteArray, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+      return;
+
+    case op::kEmptyTuple: Push(NewSequence(Kind::kTuple, {})); return;
+    case op::kTuple: Push(NewSequence(Kind::kTuple, PopMark())); return;
+    case op::kTuple1: {
+      NodeId a = Pop();
+      Push(NewSequence(Kind::kTuple, {a}));
+      return;
+    }
+    case op::kTuple2: {
+      NodeId b = Pop(), a = Pop();
+      Push(NewSequence(Kind::kTuple, {a, b}));
+      return;
+    }
+    case op::kTuple3: {
+      NodeId cc = Pop(), b = Pop(), a = Pop();
+      Push(NewSequence(Kind::kTuple, {a, b, cc}));
+      return;
+    }
+    case op::kEmptyList: Push(NewSequence(Kind::kList, {})); return;
+    case op::kList: Push(NewSequence(Kind::kList, PopMark())); return;
+    case op::kEmptyDict: Push(NewSequence(Kind::kDict, {})); return;
+    case op::kDict: Push(NewSequence(Kind::kDict, PopMark())); return;
+    case op::kEmptySet: Push(NewSequence(Kind::kSet, {})); return;
+    case op::kFrozenSet: Push(NewSequence(Kind::kFrozenSet, PopMark())); return;
+
+    case op::kAppend: {
+      NodeId v = Pop();
+      NodeId target = Top();
+      Kind k = g_.kind(target);
+      if (k != Kind::kList && k != Kind::kObject) Error(fmt::format("APPEND to a {}", KindName(k)));
+      C(target).items.push_back(v);
+      Grow(target, v);
+      return;
+    }
+    case op::kAppends: {
+      std::vector<NodeId> vs = PopMark();
+      NodeId target = Top();
+      Kind k = g_.kind(target);
+      if (k != Kind::kList && k != Kind::kObject) Error(fmt::format("APPENDS to a {}", KindName(k)));
+      for (NodeId v : vs) {
+        C(target).items.push_back(v);
+        Grow(target, v);
+      }
+      return;
+    }
+    case op::kAddItems: {
+      std::vector<NodeId> vs = PopMark();
+      NodeId target = Top();
+      Kind k = g_.kind(target);
+      if (k != Kind::kSet && k != Kind::kObject) Error(fmt::format("ADDITEMS to a {}", KindName(k)));
+      for (NodeId v : vs) {
+        C(target).items.push_back(v);
+        Grow(target, v);
+      }
+      return;
+    }
+    case op::kSetItem: {
+      NodeId v = Pop(), k = Pop();
+      NodeId target = Top();
+      Kind tk = g_.kind(target);
+      if (tk != Kind::kDict && tk != Kind::kObject) Error(fmt::format("SETITEM on a {}", KindName(tk)));
+      C(target).pairs.push_back(k);
+      C(target).pairs.push_back(v);
+      Grow(target, k);
+      Grow(target, v);
+      return;
+    }
+    case op::kSetItems: {
+      std::vector<NodeId> kvs = PopMark();
+      if (kvs.size() % 2) Error("SETITEMS with an odd number of items");
+      NodeId target = Top();
+      Kind tk = g_.kind(target);
+      if (tk != Kind::kDict && tk != Kind::kObject) Error(fmt::format("SETITEMS on a {}", KindName(tk)));
+      for (NodeId v : kvs) {
+        C(target).pairs.push_back(v);
+        Grow(target, v);
+      }
+      return;
+    }
+
+    case op::kGlobal: {
+      std::string module(c_.ReadLine());
+      std::string name(c_.ReadLine());
+      Push(NewGlobal(module, name));
+      return;
+    }
+    case op::kStackGlobal: {
+      NodeId name = Pop(), module = Pop();
+      if (g_.kind(name) != Kind::kStr || g_.kind(module) != Kind::kStr) {
+        Error("STACK_GLOBAL needs two strings");
+      }
+      Push(NewGlobal(g_.text(module), g_.text(name)));
+      return;
+    }
+    case op::kReduce: {
+      NodeId args = Pop(), fn = Pop();
+      Push(MakeObject(Construct::kReduce, fn, args));
+      return;
+    }
+    case op::kNewObj: {
+      NodeId args = Pop(), cls = Pop();
+      Push(MakeObject(Construct::kNewObj, cls, args));
+      return;
+    }
+    case op::kNewObjEx: {
+      NodeId kwargs = Pop(), args = Pop(), cls = Pop();
+      Push(MakeObject(Construct::kNewObjEx, cls, args, kwargs));
+      return;
+    }
+    case op::kInst: {
+      std::string module(c_.ReadLine());
+      std::string name(c_.ReadLine());
+      std::vector<NodeId> args = PopMark();
+      NodeId cls = NewGlobal(module, name);
+      Push(MakeObject(Construct::kInst, cls, NewSequence(Kind::kTuple, std::move(args))));
+      return;
+    }
+    case op::kObj: {
+      std::vector<NodeId> items = PopMark();
+      if (items.empty()) Error("OBJ without a class");
+      NodeId cls = items.front();
+      items.erase(items.begin());
+      Push(MakeObject(Construct::kInst, cls, NewSequence(Kind::kTuple, std::move(items))));
+      return;
+    }
+    case op::kBuild: {
+      NodeId state = Pop();
+      NodeId target = Top();
+      if (g_.kind(target) != Kind::kObject) {
+        Error(fmt::format("BUILD on a {}", KindName(g_.kind(target))));
+      }
+      C(target).states.push_back(state);
+      Grow(target, state);
+      return;
+    }
+    case op::kPersId: {
+      NodeId pid = NewText(Kind::kStr, c_.ReadLine());
+      NodeId id = NewCompound(Kind::kPersId);
+      C(id).args = pid;
+      Push(id);
+      return;
+    }
+    case op::kBinPersId: {
+      NodeId pid = Pop();
+      NodeId id = NewCompound(Kind::kPersId);
+      C(id).args = pid;
+      SetDepth(id, depth_[pid] + 1u);
+      Push(id);
+      return;
+    }
+
+    case op::kPut: Put(ParseDecimal(c_.ReadLine())); return;
+    case op::kBinPut: Put(c_.ReadU8()); return;
+    case op::kLongBinPut: Put(c_.ReadLE<uint32_t>()); return;
+    case op::kMemoize: Put(memo_.size()); return;
+    case op::kGet: Get(ParseDecimal(c_.ReadLine())); return;
+    case op::kBinGet: Get(c_.ReadU8()); return;
+    case op::kLongBinGet: Get(c_.ReadLE<uint32_t>()); return;
+
+    case op::kExt1:
+    case op::kExt2:
+    case op::kExt4:
+      Error("EXT opcodes refer to Python's copyreg extension registry and are not supported");
+    case op::kNextBuffer:
+    case op::kReadOnlyBuffer:
+      Error("out-of-band buffers (protocol 5 NEXT_BUFFER) are not supported");
+    default: Error(fmt::format("unknown opcode 0x{:02x}", code));
+  }
+}
+
+}  // namespace
+
+ParseResult Parse(Bytes data, uint64_t base_offset, const Limits& limits) {
+  return Parser(data, base_offset, limits).Run();
+}
+
+}  // namespace ckpt::pickle

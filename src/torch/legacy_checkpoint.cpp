@@ -1,0 +1,138 @@
+// Legacy torch checkpoints (torch < 1.6, or _use_new_zipfile_serialization=False):
+//   pickle(MAGIC_NUMBER = 0x1950a86a20f9469cfc6c)   a LONG1
+//   pickle(PROTOCOL_VERSION = 1001)
+//   pickle(sys_info)                                  {protocol_version, little_endian, type_sizes}
+//   pickle(obj)                                       persistent ids are 6-tuples:
+//       ('storage', <StorageClass>, key, location, numel, view_metadata or None)
+//   pickle(sorted(storage keys))
+//   for each key in that list: int64 little-endian numel, then numel * element_size bytes.
+#include <fmt/format.h>
+
+#include "base/checked.h"
+#include "base/error.h"
+#include "torch/torch_file.h"
+
+namespace ckpt::torch {
+
+namespace {
+
+constexpr std::string_view kMagicLE = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+constexpr int64_t kProtocolVersion = 1001;
+
+struct Piece {
+  pickle::Graph graph;
+  uint64_t offset;
+  uint64_t size;
+};
+
+Piece ParseAt(Bytes file, uint64_t offset, const char* what, const ReadOptions& options) {
+  return WithContext(what, [&] {
+    pickle::ParseResult r = pickle::Parse(Slice(file, offset, file.size() - offset), offset,
+                                          options.limits);
+    return Piece{std::move(r.graph), offset, r.end};
+  });
+}
+
+bool IsMagic(const pickle::Graph& g) {
+  return g.root != pickle::kNil && g.kind(g.root) == pickle::Kind::kBigInt &&
+         g.text(g.root) == kMagicLE;
+}
+
+}  // namespace
+
+bool LooksLikeTorchLegacy(Bytes file) {
+  // PROTO 2, LONG1 10, magic bytes.
+  return file.size() >= 14 && file[0] == 0x80 && file[2] == 0x8a && file[3] == 0x0a &&
+         AsText(file.subspan(4, 10)) == kMagicLE;
+}
+
+TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
+  TorchFile tf;
+  tf.container = Container::kLegacy;
+  if (file.size() > 262 && AsText(file.subspan(257, 5)) == "ustar") {
+    Fail("this is a pre-0.4 tar-format torch checkpoint, which is not supported");
+  }
+  Piece magic = ParseAt(file, 0, "magic number", options);
+  if (!IsMagic(magic.graph)) Fail("not a torch checkpoint: bad magic number");
+  uint64_t at = magic.size;
+  Piece protocol = ParseAt(file, at, "protocol version", options);
+  const pickle::Graph& pg = protocol.graph;
+  if (pg.root == pickle::kNil || pg.kind(pg.root) != pickle::Kind::kInt ||
+      pg.at(pg.root).integer != kProtocolVersion) {
+    Fail("unsupported legacy protocol version {}", pg.Describe(pg.root));
+  }
+  at += protocol.size;
+  Piece sys_info = ParseAt(file, at, "sys_info", options);
+  {
+    const pickle::Graph& g = sys_info.graph;
+    if (g.root != pickle::kNil && g.kind(g.root) == pickle::Kind::kDict) {
+      const auto& p = g.pairs(g.root);
+      for (size_t i = 0; i + 1 < p.size(); i += 2) {
+        if (g.kind(p[i]) == pickle::Kind::kStr && g.text(p[i]) == "little_endian" &&
+            g.kind(p[i + 1]) == pickle::Kind::kBool && !g.at(p[i + 1]).boolean) {
+          tf.byteorder = "big";
+        }
+      }
+    }
+  }
+  at += sys_info.size;
+  tf.regions.push_back({0, at, "legacy headers"});
+
+  Piece obj = ParseAt(file, at, "object pickle", options);
+  tf.pickle_offset = at;
+  tf.pickle_size = obj.size;
+  tf.regions.push_back({at, obj.size, "pickle"});
+  at += obj.size;
+  tf.model.graph = std::move(obj.graph);
+  BuildTensorTable(tf.model, /*legacy=*/true);
+
+  Piece keys = ParseAt(file, at, "storage key list", options);
+  tf.regions.push_back({at, keys.size, "legacy headers"});
+  at += keys.size;
+  const pickle::Graph& kg = keys.graph;
+  if (kg.root == pickle::kNil || kg.kind(kg.root) != pickle::Kind::kList) {
+    Fail("storage key list is not a list");
+  }
+  for (pickle::NodeId k : kg.items(kg.root)) {
+    if (kg.kind(k) != pickle::Kind::kStr) Fail("storage key list holds a non-string");
+    std::string key(kg.text(k));
+    int32_t index = tf.model.FindStorage(key);
+    if (index < 0) Fail("storage '{}' is listed but never referenced, so its size is unknown", key);
+    Storage& s = tf.model.storages[index];
+    if (s.present) Fail("storage '{}' is listed twice", key);
+    uint64_t header_at = at;
+    ByteCursor c(Slice(file, at, file.size() - at), at);
+    uint64_t numel = WithContext(fmt::format("storage '{}'", key), [&] {
+      int64_t n = c.ReadLE<int64_t>();
+      if (n < 0) Fail("negative element count {}", n);
+      return static_cast<uint64_t>(n);
+    });
+    if (numel != s.numel) {
+      tf.model.problems.push_back(
+          {fmt::format("storage '{}'", key),
+           fmt::format("data header says {} elements, the pickle says {}", numel, s.numel)});
+    }
+    uint64_t nbytes = CheckedMul(numel, ElementSize(s.dtype));
+    if (nbytes > c.remaining()) {
+      Fail("storage '{}': {} bytes of data at offset {} run past the end of the file", key,
+           nbytes, c.file_pos());
+    }
+    tf.regions.push_back({header_at, 8, "storage headers"});
+    s.present = true;
+    s.data_offset = header_at + 8;
+    at = s.data_offset + nbytes;
+  }
+  for (const Storage& s : tf.model.storages) {
+    if (!s.present) {
+      tf.model.problems.push_back({fmt::format("storage '{}'", s.key),
+                                   "referenced by the pickle but has no data in the file"});
+    }
+  }
+  if (at != file.size()) {
+    tf.model.problems.push_back(
+        {"<end>", fmt::format("{} unexpected bytes after the last storage", file.size() - at)});
+  }
+  return tf;
+}
+
+}  // namespace ckpt::torch

@@ -1,0 +1,66 @@
+// What a torch checkpoint holds, independent of its container: the pickled object graph,
+// the storages it refers to and the tensors (views) over them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pickle/graph.h"
+#include "torch/dtype.h"
+
+namespace ckpt::torch {
+
+struct Storage {
+  std::string key;           // record name under data/ (zip) or the legacy key
+  DType dtype = DType::kUntyped;  // of the storage class (kUntyped for UntypedStorage)
+  uint64_t numel = 0;        // elements as pickled (bytes for UntypedStorage)
+  uint64_t nbytes = 0;       // numel * element size: what the record must hold
+  std::string location;      // "cpu", "cuda:0"...
+  // Where the bytes are (filled in by the container reader).
+  bool present = false;      // a record / data block exists
+  uint64_t data_offset = 0;  // file offset of byte 0 (stored zip records and legacy files)
+  bool compressed = false;   // deflated zip record: data_offset is not usable for mmap
+  std::string record;        // zip record name, empty for legacy
+  // Referenced directly (a bare storage object in the pickle), so all of it is in use.
+  bool used_whole = false;
+};
+
+struct Tensor {
+  std::vector<std::string> names;  // one per path from the root (see tensor_table.cpp)
+  std::string top_key;       // first key of the first path ("model", "optimizer"...)
+  std::string kind;          // "tensor", "parameter", "qtensor", "sparse.values", "meta"...
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  int64_t offset = 0;        // storage_offset, in elements of dtype
+  int32_t storage = -1;      // index into Checkpoint::storages; -1 if it has none
+  bool requires_grad = false;
+  uint64_t numel = 0;
+  // Bytes of the storage this view can reach: [byte_begin, byte_end); empty if numel == 0.
+  uint64_t byte_begin = 0;
+  uint64_t byte_end = 0;
+  pickle::NodeId node = pickle::kNil;  // the rebuild call in the graph
+};
+
+struct Problem {
+  std::string where;  // record, tensor name or pickle offset
+  std::string what;
+};
+
+struct Model {
+  pickle::Graph graph;
+  std::vector<Storage> storages;
+  std::vector<Tensor> tensors;
+  std::vector<Problem> problems;  // structural problems: verify fails on any
+  std::vector<std::string> notes; // things recognised only partly (unknown rebuild forms)
+
+  int32_t FindStorage(const std::string& key) const;
+};
+
+// Fills storages, tensors, problems and notes from model.graph. `legacy` selects the
+// 6-element persistent ids of the non-zip format.
+void BuildTensorTable(Model& model, bool legacy);
+
+}  // namespace ckpt::torch

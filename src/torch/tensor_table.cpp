@@ -1,0 +1,465 @@
+// Finds every tensor in a torch object graph and checks each view against its storage.
+//
+// Tensors are recognised by the rebuild function their pickle calls (torch/_utils.py,
+// torch/_tensor.py); the forms and argument lists are:
+//   _rebuild_tensor(storage, offset, size, stride)
+//   _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
+//   _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata])
+//   _rebuild_qtensor(storage, offset, size, stride, qparams, requires_grad, hooks)
+//   _rebuild_parameter(data, requires_grad, hooks)
+//   _rebuild_parameter_with_state(data, requires_grad, hooks, state)
+//   _rebuild_from_type_v2(func, new_type, args, state)      (torch._tensor)
+//   _rebuild_sparse_tensor(layout, data), _rebuild_sparse_csr_tensor(layout, data)
+//   _rebuild_nested_tensor(buffer, sizes, strides, storage_offsets)
+//   _rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad)
+//   _rebuild_device_tensor_from_numpy / _rebuild_xla_tensor(data, dtype, device, rg)
+//   _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)
+//   _rebuild_wrapper_subclass(cls, dtype, size, stride, offset, layout, device, rg)
+// Any other torch._utils._rebuild_* is noted, not fatal.
+//
+// Names are key paths from the root: dict keys as text, sequence indices in decimal,
+// object attributes (BUILD state) by name, joined with '.'.
+#include <fmt/format.h>
+
+#include <unordered_map>
+
+#include "base/checked.h"
+#include "base/error.h"
+#include "pickle/text_codec.h"
+#include "torch/model.h"
+#include "torch/storage_ref.h"
+
+namespace ckpt::torch {
+
+using pickle::Graph;
+using pickle::Kind;
+using pickle::NodeId;
+using pickle::kNil;
+
+int32_t Model::FindStorage(const std::string& key) const {
+  for (size_t i = 0; i < storages.size(); ++i) {
+    if (storages[i].key == key) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+namespace {
+
+constexpr uint64_t kMaxPaths = 20'000'000;  // visits of (node, path): bounds shared-ref blowup
+constexpr size_t kMaxDims = 64;
+
+class Walker {
+ public:
+  Walker(Model& m, bool legacy) : m_(m), g_(m.graph), legacy_(legacy) {
+    on_path_.assign(g_.nodes.size(), false);
+  }
+
+  void Run() {
+    if (g_.root == kNil) return;
+    std::string path;
+    Visit(g_.root, path, 0);
+  }
+
+ private:
+  void Problem(const std::string& where, const std::string& what) {
+    m_.problems.push_back({where, what});
+  }
+
+  static void Join(std::string& path, std::string_view part) {
+    if (!path.empty()) path.push_back('.');
+    path.append(part);
+  }
+
+  std::string KeyText(NodeId k) const {
+    switch (g_.kind(k)) {
+      case Kind::kStr: return std::string(g_.text(k));
+      case Kind::kBigInt: return pickle::TwosComplementToDecimal(g_.text(k));
+      case Kind::kTuple: {
+        std::string s = "(";
+        for (size_t i = 0; i < g_.items(k).size(); ++i) {
+          if (i) s += ", ";
+          s += KeyText(g_.items(k)[i]);
+        }
+        return s + ")";
+      }
+      default: return g_.Describe(k);
+    }
+  }
+
+  void Visit(NodeId n, std::string& path, uint32_t depth) {
+    if (n == kNil) return;
+    if (++visits_ > kMaxPaths) {
+      Fail("object graph has more than {} paths to walk (shared references); refusing",
+           kMaxPaths);
+    }
+    if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
+    if (on_path_[n]) return;  // a cycle back to an ancestor
+    Kind k = g_.kind(n);
+    if (k == Kind::kObject && TryTensor(n, path)) return;
+    if (k == Kind::kPersId) {
+      BareStorage(n, path);
+      return;
+    }
+    if (!g_.has_compound(n)) return;
+    on_path_[n] = true;
+    const pickle::Compound& c = g_.compound(n);
+    size_t base = path.size();
+    auto child = [&](NodeId id, std::string_view part) {
+      if (base == 0) top_ = std::string(part);
+      Join(path, part);
+      Visit(id, path, depth + 1);
+      path.resize(base);
+    };
+    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2) child(c.pairs[i + 1], KeyText(c.pairs[i]));
+    for (size_t i = 0; i < c.items.size(); ++i) child(c.items[i], std::to_string(i));
+    if (k == Kind::kObject) {
+      for (NodeId state : c.states) VisitState(state, path, depth);
+      if (c.args != kNil && g_.kind(c.args) == Kind::kTuple) {
+        const auto& args = g_.items(c.args);
+        for (size_t i = 0; i < args.size(); ++i) child(args[i], std::to_string(i));
+      }
+      if (c.kwargs != kNil) Visit(c.kwargs, path, depth + 1);
+    }
+    on_path_[n] = false;
+  }
+
+  // BUILD state: a dict of attributes, or (dict, slots dict); anything else by position.
+  void VisitState(NodeId state, std::string& path, uint32_t depth) {
+    if (g_.kind(state) == Kind::kTuple && g_.items(state).size() == 2) {
+      for (NodeId s : g_.items(state)) {
+        if (g_.kind(s) == Kind::kDict) {
+          Visit(s, path, depth + 1);
+        } else if (g_.kind(s) != Kind::kNone) {
+          size_t base = path.size();
+          Join(path, "__state__");
+          Visit(s, path, depth + 1);
+          path.resize(base);
+        }
+      }
+      return;
+    }
+    Visit(state, path, depth + 1);
+  }
+
+  // ---- storages ----
+  int32_t StorageFor(const StorageRef& ref, const std::string& where) {
+    auto it = by_key_.find(ref.key);
+    if (it != by_key_.end()) {
+      Storage& s = m_.storages[it->second];
+      if (s.dtype != ref.dtype || s.numel != ref.numel) {
+        Problem(where, fmt::format("storage '{}' is referenced as {} x {} here but as {} x {} "
+                                   "elsewhere",
+                                   ref.key, ref.numel, Name(ref.dtype), s.numel, Name(s.dtype)));
+      }
+      return it->second;
+    }
+    Storage s;
+    s.key = ref.key;
+    s.dtype = ref.dtype;
+    s.numel = ref.numel;
+    s.nbytes = CheckedMul(ref.numel, ElementSize(ref.dtype));
+    s.location = ref.location;
+    m_.storages.push_back(std::move(s));
+    int32_t index = static_cast<int32_t>(m_.storages.size() - 1);
+    by_key_.emplace(ref.key, index);
+    return index;
+  }
+
+  void BareStorage(NodeId persid, const std::string& path) {
+    // Legacy files saving a whole nn.Module also carry ('module', cls, file, source) ids.
+    NodeId pid = g_.compound(persid).args;
+    if (pid != kNil && g_.kind(pid) == Kind::kTuple && !g_.items(pid).empty() &&
+        g_.kind(g_.items(pid)[0]) == Kind::kStr && g_.text(g_.items(pid)[0]) == "module") {
+      return;
+    }
+    try {
+      StorageRef ref = DecodeStorageRef(g_, persid);
+      m_.storages[StorageFor(ref, path)].used_whole = true;
+    } catch (const Error& e) {
+      Problem(path.empty() ? "<root>" : path, e.what());
+    }
+  }
+
+  // ---- tensors ----
+  bool TryTensor(NodeId obj, const std::string& path) {
+    NodeId fn = g_.CalledGlobal(obj);
+    if (fn == kNil) return false;
+    NodeId args = g_.compound(obj).args;
+    return Recognize(fn, args, obj, path, "tensor");
+  }
+
+  // Is `fn(*args)` a tensor? Records it (under `path`) if so.
+  bool Recognize(NodeId fn, NodeId args, NodeId node, const std::string& path,
+                 const std::string& kind) {
+    std::string_view module = g_.global_module(fn), name = g_.global_name(fn);
+    if (args == kNil || g_.kind(args) != Kind::kTuple) return false;
+    const auto& a = g_.items(args);
+    auto arg = [&](size_t i) { return i < a.size() ? a[i] : kNil; };
+    if (module == "torch._tensor" && (name == "_rebuild_from_type_v2" || name == "_rebuild_from_type")) {
+      NodeId inner_fn = arg(0), type = arg(1), inner_args = arg(2);
+      std::string sub = kind;
+      if (type != kNil && g_.kind(type) == Kind::kGlobal) {
+        std::string t = g_.GlobalText(type);
+        if (t == "torch.nn.parameter.Parameter") {
+          sub = "parameter";
+        } else if (t != "torch.Tensor") {
+          sub = "subclass:" + t;
+        }
+      }
+      if (inner_fn != kNil && g_.kind(inner_fn) == Kind::kGlobal &&
+          Recognize(inner_fn, inner_args, node, path, sub)) {
+        return true;
+      }
+      Note(path, fmt::format("{}.{} wraps something that is not a tensor", module, name));
+      return true;
+    }
+    if (module != "torch._utils") return false;
+    if (name == "_rebuild_tensor" || name == "_rebuild_tensor_v2" || name == "_rebuild_tensor_v3" ||
+        name == "_rebuild_qtensor") {
+      AddStorageTensor(name, a, node, path, name == "_rebuild_qtensor" ? "qtensor" : kind);
+      return true;
+    }
+    if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") {
+      size_t before = m_.tensors.size();
+      NodeId data = arg(0);
+      if (!(data != kNil && g_.kind(data) == Kind::kObject && g_.CalledGlobal(data) != kNil &&
+            Recognize(g_.CalledGlobal(data), g_.compound(data).args, node, path, "parameter"))) {
+        Note(path, fmt::format("{} of something that is not a tensor", name));
+        return true;
+      }
+      if (m_.tensors.size() > before && arg(1) != kNil && g_.kind(arg(1)) == Kind::kBool) {
+        m_.tensors.back().requires_grad = g_.at(arg(1)).boolean;
+        m_.tensors.back().node = node;
+      }
+      return true;
+    }
+    if (name == "_rebuild_sparse_tensor" || name == "_rebuild_sparse_csr_tensor") {
+      NodeId data = arg(1);
+      if (data != kNil && g_.kind(data) == Kind::kTuple) {
+        const auto& d = g_.items(data);
+        static const char* kCoo[] = {"indices", "values"};
+        static const char* kCompressed[] = {"compressed_indices", "plain_indices", "values"};
+        bool coo = d.size() == 3 || (d.size() == 4 && g_.kind(d[3]) == Kind::kBool);
+        size_t n = coo ? 2 : std::min<size_t>(3, d.size());
+        for (size_t i = 0; i < n && i < d.size(); ++i) {
+          Component(d[i], path, coo ? kCoo[i] : kCompressed[i], "sparse");
+        }
+      }
+      return true;
+    }
+    if (name == "_rebuild_nested_tensor") {
+      static const char* kParts[] = {"buffer", "sizes", "strides", "storage_offsets"};
+      for (size_t i = 0; i < 4; ++i) Component(arg(i), path, kParts[i], "nested");
+      return true;
+    }
+    if (name == "_rebuild_device_tensor_from_cpu_tensor") {
+      Component(arg(0), path, "", kind);
+      return true;
+    }
+    if (name == "_rebuild_meta_tensor_no_storage" || name == "_rebuild_wrapper_subclass" ||
+        name == "_rebuild_device_tensor_from_numpy" || name == "_rebuild_xla_tensor") {
+      AddStoragelessTensor(name, a, node, path);
+      return true;
+    }
+    if (name.starts_with("_rebuild")) {
+      Note(path, fmt::format("unknown tensor form torch._utils.{}; its contents are not listed",
+                             name));
+      return true;
+    }
+    return false;
+  }
+
+  // A tensor that is an argument of a composite (sparse/nested): named path.part.
+  void Component(NodeId t, const std::string& path, std::string_view part, const std::string& kind) {
+    if (t == kNil) return;
+    std::string sub = path;
+    if (!part.empty()) Join(sub, part);
+    std::string sub_kind = part.empty() ? kind : kind + "." + std::string(part);
+    if (g_.kind(t) == Kind::kObject && g_.CalledGlobal(t) != kNil &&
+        Recognize(g_.CalledGlobal(t), g_.compound(t).args, t, sub, sub_kind)) {
+      return;
+    }
+    std::string p = sub;
+    Visit(t, p, 0);
+  }
+
+  void Note(const std::string& path, const std::string& what) {
+    m_.notes.push_back(fmt::format("{}: {}", path.empty() ? "<root>" : path, what));
+  }
+
+  bool IntList(NodeId id, std::vector<int64_t>& out) {
+    if (id == kNil) return false;
+    // torch.Size((...)) pickles as a call of torch.Size on a tuple.
+    if (g_.kind(id) == Kind::kObject && g_.IsCallOf(id, "torch", "Size")) id = g_.Arg(id, 0);
+    if (id == kNil || (g_.kind(id) != Kind::kTuple && g_.kind(id) != Kind::kList)) return false;
+    out.clear();
+    for (NodeId v : g_.items(id)) {
+      if (g_.kind(v) != Kind::kInt) return false;
+      out.push_back(g_.at(v).integer);
+    }
+    return out.size() <= kMaxDims;
+  }
+
+  std::optional<DType> DTypeArg(NodeId id) {
+    if (id == kNil || g_.kind(id) != Kind::kGlobal || g_.global_module(id) != "torch") {
+      return std::nullopt;
+    }
+    return FromName(g_.global_name(id));
+  }
+
+  void AddStoragelessTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node,
+                            const std::string& path) {
+    Tensor t;
+    t.names.push_back(path);
+    t.node = node;
+    bool wrapper = fn == "_rebuild_wrapper_subclass";
+    bool meta = fn == "_rebuild_meta_tensor_no_storage";
+    t.kind = meta ? "meta" : wrapper ? "wrapper_subclass" : "device_numpy";
+    size_t dtype_at = wrapper ? 1 : meta ? 0 : 1;
+    if (auto d = DTypeArg(dtype_at < a.size() ? a[dtype_at] : kNil)) t.dtype = *d;
+    if (meta || wrapper) {
+      size_t at = wrapper ? 2 : 1;
+      if (at + 1 < a.size()) {
+        IntList(a[at], t.shape);
+        IntList(a[at + 1], t.stride);
+      }
+    }
+    t.top_key = top_;
+    m_.tensors.push_back(std::move(t));
+  }
+
+  void AddStorageTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node,
+                        const std::string& path, const std::string& kind) {
+    std::string where = path.empty() ? "<root>" : path;
+    size_t need = fn == "_rebuild_tensor" ? 4 : fn == "_rebuild_tensor_v3" ? 7 : 6;
+    if (a.size() < need) {
+      Problem(where, fmt::format("{} called with {} arguments, expected at least {}", fn,
+                                 a.size(), need));
+      return;
+    }
+    if (g_.kind(a[0]) != Kind::kPersId) {
+      Problem(where, fmt::format("{} storage argument is a {}, not a storage", fn,
+                                 pickle::KindName(g_.kind(a[0]))));
+      return;
+    }
+    Tensor t;
+    t.names.push_back(path);
+    t.kind = kind;
+    t.node = node;
+    StorageRef ref;
+    try {
+      ref = DecodeStorageRef(g_, a[0]);
+    } catch (const Error& e) {
+      Problem(where, e.what());
+      return;
+    }
+    if (ref.is_view && !legacy_) Problem(where, "view metadata in a zip checkpoint");
+    t.storage = StorageFor(ref, where);
+    t.dtype = ref.dtype;
+    if (fn == "_rebuild_tensor_v3") {
+      auto d = DTypeArg(a[6]);
+      if (!d) {
+        Problem(where, fmt::format("_rebuild_tensor_v3 dtype argument {} is not a torch dtype",
+                                   g_.Describe(a[6])));
+        return;
+      }
+      t.dtype = *d;
+    } else if (t.dtype == DType::kUntyped) {
+      t.dtype = DType::kUInt8;
+    }
+    if (g_.kind(a[1]) != Kind::kInt || g_.at(a[1]).integer < 0) {
+      Problem(where, fmt::format("storage offset {} is not a non-negative integer", g_.Describe(a[1])));
+      return;
+    }
+    t.offset = g_.at(a[1]).integer;
+    if (!IntList(a[2], t.shape) || !IntList(a[3], t.stride) || t.shape.size() != t.stride.size()) {
+      Problem(where, "size and stride are not integer tuples of the same length");
+      return;
+    }
+    size_t rg_at = fn == "_rebuild_qtensor" ? 5 : 4;
+    if (rg_at < a.size() && g_.kind(a[rg_at]) == Kind::kBool) {
+      t.requires_grad = g_.at(a[rg_at]).boolean;
+    }
+    if (!Extent(t, ref, where)) return;
+    t.top_key = top_;
+    m_.tensors.push_back(std::move(t));
+  }
+
+  // Computes numel and the reachable byte range, and checks it against the storage.
+  bool Extent(Tensor& t, const StorageRef& ref, const std::string& where) {
+    try {
+      uint64_t numel = 1;
+      uint64_t span = 0;  // sum((size_i - 1) * stride_i)
+      for (size_t i = 0; i < t.shape.size(); ++i) {
+        if (t.shape[i] < 0 || t.stride[i] < 0) Fail("negative size or stride");
+        numel = CheckedMul(numel, static_cast<uint64_t>(t.shape[i]));
+      }
+      t.numel = numel;
+      if (numel == 0) return true;
+      for (size_t i = 0; i < t.shape.size(); ++i) {
+        span = CheckedAdd(span, CheckedMul(static_cast<uint64_t>(t.shape[i] - 1),
+                                           static_cast<uint64_t>(t.stride[i])));
+      }
+      uint64_t es = ElementSize(t.dtype);
+      uint64_t first = static_cast<uint64_t>(t.offset);
+      uint64_t last = CheckedAdd(first, span);  // inclusive, in elements
+      uint64_t storage_bytes = m_.storages[t.storage].nbytes;
+      uint64_t base = 0;
+      if (ref.is_view) {
+        uint64_t view_es = ElementSize(ref.dtype);
+        base = CheckedMul(ref.view_offset, view_es);
+        uint64_t view_bytes = CheckedMul(ref.view_size, view_es);
+        if (CheckedMul(CheckedAdd(last, 1), es) > view_bytes) {
+          Fail("elements [{}, {}] run past its storage view of {} bytes", first, last, view_bytes);
+        }
+        if (CheckedAdd(base, view_bytes) > storage_bytes) {
+          Fail("storage view [{}, +{}) runs past storage '{}' of {} bytes", base, view_bytes,
+               ref.key, storage_bytes);
+        }
+      }
+      t.byte_begin = CheckedAdd(base, CheckedMul(first, es));
+      t.byte_end = CheckedAdd(base, CheckedMul(CheckedAdd(last, 1), es));
+      if (t.byte_end > storage_bytes) {
+        Fail("view reaches bytes [{}, {}) but storage '{}' has {} bytes", t.byte_begin, t.byte_end,
+             ref.key, storage_bytes);
+      }
+      return true;
+    } catch (const Error& e) {
+      Problem(where, e.what());
+      return false;
+    }
+  }
+
+  Model& m_;
+  const Graph& g_;
+  bool legacy_;
+  std::vector<bool> on_path_;
+  std::unordered_map<std::string, int32_t> by_key_;
+  uint64_t visits_ = 0;
+  std::string top_;  // first path component of what is being visited
+};
+
+// The same rebuild node reached by several paths is one tensor with several names.
+void MergeByNode(Model& m) {
+  std::unordered_map<NodeId, size_t> first;
+  std::vector<Tensor> merged;
+  for (Tensor& t : m.tensors) {
+    auto [it, inserted] = first.emplace(t.node, merged.size());
+    if (inserted || t.node == kNil) {
+      if (!inserted) it->second = merged.size();
+      merged.push_back(std::move(t));
+    } else {
+      for (auto& n : t.names) merged[it->second].names.push_back(std::move(n));
+    }
+  }
+  m.tensors = std::move(merged);
+}
+
+}  // namespace
+
+void BuildTensorTable(Model& model, bool legacy) {
+  Walker(model, legacy).Run();
+  MergeByNode(model);
+}
+
+}  // namespace ckpt::torch

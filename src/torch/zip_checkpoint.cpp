@@ -1,0 +1,124 @@
+// Torch zip checkpoints (torch/serialization.py _save, caffe2 PyTorchStreamWriter):
+//   <prefix>/data.pkl            the object pickle (protocol 2 by default)
+//   <prefix>/data/<key>          raw little-endian bytes of each storage
+//   <prefix>/version or <prefix>/.data/version, <prefix>/byteorder,
+//   <prefix>/.data/serialization_id, <prefix>/.format_version, <prefix>/.storage_alignment
+// The prefix is whatever precedes the first '/' in the name of entry 0 (torch's reader
+// does the same), so any top-level folder name is accepted.
+#include <fmt/format.h>
+
+#include "base/checked.h"
+#include "base/error.h"
+#include "torch/torch_file.h"
+
+namespace ckpt::torch {
+
+namespace {
+
+void AddZipRegions(const zip::Archive& a, TorchFile& tf) {
+  for (const zip::Entry& e : a.entries()) {
+    tf.regions.push_back({e.header_offset, e.header_size, "zip headers"});
+    if (e.extra_size) tf.regions.push_back({e.header_offset + e.header_size, e.extra_size, "zip padding"});
+    if (e.descriptor_size) tf.regions.push_back({e.data_end(), e.descriptor_size, "zip headers"});
+  }
+  tf.regions.push_back({a.directory_offset(), a.directory_size(), "zip directory"});
+  tf.regions.push_back({a.end_records_offset(), a.end_records_size(), "zip directory"});
+}
+
+std::string Trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
+  TorchFile tf;
+  tf.container = Container::kZip;
+  tf.archive = zip::Archive::Parse(file);
+  const zip::Archive& a = *tf.archive;
+  if (a.entries().empty()) Fail("zip archive has no records");
+  const std::string& first = a.entries().front().name;
+  size_t slash = first.find('/');
+  if (slash == std::string::npos) {
+    Fail("record '{}' is not in a folder; torch requires one top-level folder", first);
+  }
+  tf.prefix = first.substr(0, slash);
+  std::string root = tf.prefix + "/";
+  if (a.Find(root + "constants.pkl") != nullptr) {
+    Fail("this is a TorchScript archive (it has {}constants.pkl), not a torch.save checkpoint",
+         root);
+  }
+  const zip::Entry* pkl = a.Find(root + "data.pkl");
+  if (pkl == nullptr) Fail("no {}data.pkl record: not a torch checkpoint", root);
+  AddZipRegions(a, tf);
+
+  std::string pickle_bytes = zip::ReadRecord(file, *pkl, options.max_pickle_bytes);
+  tf.pickle_offset = pkl->data_offset;
+  tf.pickle_size = pkl->compressed_size;
+  tf.regions.push_back({pkl->data_offset, pkl->compressed_size, "pickle"});
+  Bytes pb(reinterpret_cast<const uint8_t*>(pickle_bytes.data()), pickle_bytes.size());
+  pickle::ParseResult parsed = WithContext(pkl->name, [&] {
+    return pickle::Parse(pb, pkl->method == zip::Method::kStored ? pkl->data_offset : 0,
+                         options.limits);
+  });
+  if (parsed.end != pb.size()) {
+    tf.model.problems.push_back({pkl->name, fmt::format("{} bytes after the pickle's STOP",
+                                                        pb.size() - parsed.end)});
+  }
+  tf.model.graph = std::move(parsed.graph);
+  BuildTensorTable(tf.model, /*legacy=*/false);
+
+  // Locate each storage's record.
+  for (Storage& s : tf.model.storages) {
+    s.record = root + "data/" + s.key;
+    const zip::Entry* e = a.Find(s.record);
+    if (e == nullptr) {
+      tf.model.problems.push_back({s.record, "storage record is missing"});
+      continue;
+    }
+    s.present = true;
+    s.data_offset = e->data_offset;
+    s.compressed = e->method != zip::Method::kStored;
+    if (e->size != s.nbytes) {
+      tf.model.problems.push_back(
+          {s.record, fmt::format("record holds {} bytes but the pickle says {} x {} = {} bytes",
+                                 e->size, s.numel, Name(s.dtype), s.nbytes)});
+    }
+  }
+
+  // Every other record: metadata (version, byteorder...) or orphaned data.
+  for (const zip::Entry& e : a.entries()) {
+    if (&e == pkl) continue;
+    if (e.name.rfind(root + "data/", 0) == 0 &&
+        tf.model.FindStorage(e.name.substr(root.size() + 5)) >= 0) {
+      continue;
+    }
+    tf.records.push_back(e.name);
+    bool orphan = e.name.rfind(root + "data/", 0) == 0;
+    tf.regions.push_back({e.data_offset, e.compressed_size, orphan ? "unreferenced records" : "metadata records"});
+    if (e.name.rfind(root, 0) != 0) {
+      tf.model.problems.push_back({e.name, fmt::format("record is outside the '{}' folder "
+                                                       "(torch >= 2.2 refuses such files)", root)});
+    }
+    if (e.name == root + "byteorder") {
+      tf.byteorder = Trimmed(zip::ReadRecord(file, e, 64));
+      if (tf.byteorder != "little" && tf.byteorder != "big") {
+        tf.model.problems.push_back({e.name, fmt::format("unknown byte order '{}'", tf.byteorder)});
+      }
+    }
+  }
+  const zip::Entry* version = a.Find(root + ".data/version");
+  if (version == nullptr) version = a.Find(root + "version");
+  if (version == nullptr) {
+    tf.model.problems.push_back({root + "version", "no version record (torch.load requires one)"});
+  } else {
+    std::string v = Trimmed(zip::ReadRecord(file, *version, 64));
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+      tf.model.problems.push_back({version->name, fmt::format("version '{}' is not a number", v)});
+    }
+  }
+  return tf;
+}
+
+}  // namespace ckpt::torch

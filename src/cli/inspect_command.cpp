@@ -24,7 +24,7 @@ int RunInspect(const InspectOptions& o) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
-  nlohmann::json doc = {{"files", nlohmann::json::array()}};
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   bool first = true;
   for (const std::string& path : files) {
     try {

@@ -60,9 +60,12 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   }
   out += fmt::format("    {:<28} {:>12} {:>7}\n", "TOTAL", HumanBytes(r.file_bytes), "100.0%");
 
+  std::string names = r.tensors.size() == r.distinct_tensors
+                          ? ""
+                          : fmt::format(" under {} names", r.tensors.size());
   out += fmt::format(
-      "\n  {} tensors ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
-      r.tensors.size(), HumanBytes(r.tensor_bytes), r.storages.size(), HumanBytes(r.storage_bytes),
+      "\n  {} tensors{} ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
+      r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storages.size(), HumanBytes(r.storage_bytes),
       HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes), Percent(r.wasted_bytes, r.storage_bytes));
   size_t shared = std::count_if(r.storages.begin(), r.storages.end(),
                                 [](const StorageRow& s) { return s.views > 1; });
@@ -104,8 +107,8 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   return out;
 }
 
-nlohmann::json RenderJson(const FileReport& r) {
-  using nlohmann::json;
+nlohmann::ordered_json RenderJson(const FileReport& r) {
+  using json = nlohmann::ordered_json;
   json j;
   j["path"] = r.path;
   j["format"] = FormatName(r.format);
@@ -115,6 +118,7 @@ nlohmann::json RenderJson(const FileReport& r) {
   j["used_bytes"] = r.used_bytes;
   j["wasted_bytes"] = r.wasted_bytes;
   j["tensor_bytes"] = r.tensor_bytes;
+  j["distinct_tensors"] = r.distinct_tensors;
   j["metadata_bytes"] = r.metadata_bytes;
   j["byte_map"] = json::array();
   for (const auto& [label, bytes] : r.byte_map) j["byte_map"].push_back({{"label", label}, {"bytes", bytes}});

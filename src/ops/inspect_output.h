@@ -10,6 +10,6 @@
 namespace ckpt {
 
 std::string RenderText(const FileReport& r, size_t top_n);
-nlohmann::json RenderJson(const FileReport& r);
+nlohmann::ordered_json RenderJson(const FileReport& r);
 
 }  // namespace ckpt

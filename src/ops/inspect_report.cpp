@@ -77,6 +77,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
     uint64_t es = torch::ElementSize(t.dtype);
     uint64_t bytes = CheckedMul(t.numel, es);
     r.tensor_bytes += bytes;
+    r.distinct_tensors++;
     Rollup& d = RollupFor(r.by_dtype, std::string(torch::Name(t.dtype)));
     d.tensors++;
     d.tensor_bytes += bytes;
@@ -183,6 +184,7 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r) {
     s.views = 1;
     r.storages.push_back(s);
     r.tensor_bytes += bytes;
+    r.distinct_tensors++;
     r.storage_bytes += bytes;
     r.used_bytes += bytes;
     AddBytes(r, kUsed, bytes);

@@ -1,0 +1,194 @@
+#include "pickle/parser.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "pickle/text_codec.h"
+#include "test_util.h"
+
+namespace ckpt::pickle {
+namespace {
+
+using test::B;
+using test::P;
+
+Graph ParseBytes(const std::string& s, const Limits& limits = {}) {
+  return Parse(B(s), 0, limits).graph;
+}
+
+TEST(PickleParser, ScalarsOfEveryProtocol) {
+  // Protocol 0 text forms.
+  Graph g = ParseBytes("(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN" "t.");
+  ASSERT_EQ(g.kind(g.root), Kind::kTuple);
+  const auto& t = g.items(g.root);
+  ASSERT_EQ(t.size(), 7u);
+  EXPECT_EQ(g.at(t[0]).integer, 42);
+  EXPECT_EQ(g.kind(t[1]), Kind::kBool);
+  EXPECT_TRUE(g.at(t[1]).boolean);
+  EXPECT_EQ(g.at(t[2]).integer, -7);
+  EXPECT_DOUBLE_EQ(g.at(t[3]).real, 1.5);
+  EXPECT_EQ(g.text(t[4]), "a\nb");
+  EXPECT_EQ(g.text(t[5]), "caf\xc3\xa9");
+  EXPECT_EQ(g.kind(t[6]), Kind::kNone);
+}
+
+TEST(PickleParser, BigIntsStayExact) {
+  // LONG1 with 10 bytes: 2**70.
+  std::string s = "\x80\x02\x8a\x0a" + std::string("\x00\x00\x00\x00\x00\x00\x00\x00\x40\x00", 10) + ".";
+  Graph g = ParseBytes(s);
+  ASSERT_EQ(g.kind(g.root), Kind::kBigInt);
+  EXPECT_EQ(TwosComplementToDecimal(g.text(g.root)), "1180591620717411303424");
+  // LONG1 that fits in int64, negative.
+  g = ParseBytes(std::string("\x80\x02\x8a\x02\x00\xff.", 7));
+  EXPECT_EQ(g.at(g.root).integer, -256);
+}
+
+TEST(PickleParser, MemoSharesNodesAndCyclesAreKept) {
+  // l = []; l.append(l); (l, l)
+  std::string s = P().proto(2).op(']').put(0).get(0).op('a').get(0).op(0x86).stop().bytes();
+  Graph g = ParseBytes(s);
+  const auto& t = g.items(g.root);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0], t[1]);
+  EXPECT_EQ(g.items(t[0]).size(), 1u);
+  EXPECT_EQ(g.items(t[0])[0], t[0]);
+}
+
+TEST(PickleParser, GlobalsAndReduceAreRecordedNeverCalled) {
+  std::string s = P().proto(2).global("os", "system").str("touch /tmp/pwned").op(0x85).op('R').stop().bytes();
+  Graph g = ParseBytes(s);
+  ASSERT_EQ(g.kind(g.root), Kind::kObject);
+  NodeId fn = g.CalledGlobal(g.root);
+  ASSERT_NE(fn, kNil);
+  EXPECT_EQ(g.GlobalText(fn), "os.system");
+  EXPECT_EQ(g.text(g.Arg(g.root, 0)), "touch /tmp/pwned");
+}
+
+TEST(PickleParser, StackGlobalProtocol4WithFramesAndMemoize) {
+  std::string body = P().op(0x8c).raw("\x08").raw("builtins").op(0x94).op(0x8c).raw("\x04").raw("eval").op(0x94).op(0x93).op(0x94).bytes();
+  std::string s = "\x80\x04\x95" + std::string(8, '\0') + body + ".";
+  uint64_t frame = body.size() + 1;
+  for (int i = 0; i < 8; ++i) s[3 + i] = static_cast<char>((frame >> (8 * i)) & 0xFF);
+  Graph g = ParseBytes(s);
+  EXPECT_EQ(g.protocol, 4);
+  ASSERT_EQ(g.kind(g.root), Kind::kGlobal);
+  EXPECT_EQ(g.GlobalText(g.root), "builtins.eval");
+}
+
+TEST(PickleParser, DictsSetsAndObjectsWithState) {
+  // OrderedDict() with SETITEMS and a BUILD state dict, a set via ADDITEMS.
+  std::string s = P().proto(4).global("collections", "OrderedDict").op(')').op('R')
+                      .mark().str("a").bin_int(1).str("b").bin_int(2).op('u')
+                      .op('}').str("_metadata").op(0x8f).mark().bin_int(3).op(0x90).op('s').op('b')
+                      .stop().bytes();
+  Graph g = ParseBytes(s);
+  ASSERT_EQ(g.kind(g.root), Kind::kObject);
+  const Compound& c = g.compound(g.root);
+  EXPECT_EQ(c.pairs.size(), 4u);
+  ASSERT_EQ(c.states.size(), 1u);
+  EXPECT_EQ(g.kind(c.states[0]), Kind::kDict);
+  NodeId set = g.pairs(c.states[0])[1];
+  EXPECT_EQ(g.kind(set), Kind::kSet);
+  EXPECT_EQ(g.items(set).size(), 1u);
+}
+
+TEST(PickleParser, RejectsMalformedStreams) {
+  EXPECT_THROW(ParseBytes(""), Error);                                   // empty
+  EXPECT_THROW(ParseBytes("\x80\x02"), Error);                           // no STOP
+  EXPECT_THROW(ParseBytes("\x80\x02."), Error);                          // STOP on empty stack
+  EXPECT_THROW(ParseBytes("\x80\x02h\x05."), Error);                     // undefined memo key
+  EXPECT_THROW(ParseBytes("\x80\x02\xff."), Error);                      // unknown opcode
+  EXPECT_THROW(ParseBytes("\x80\x09N."), Error);                         // protocol 9
+  EXPECT_THROW(ParseBytes("\x80\x02Na."), Error);                        // APPEND to None
+  EXPECT_THROW(ParseBytes("\x80\x02(Nt0u."), Error);                     // SETITEMS, no mark
+  EXPECT_THROW(ParseBytes("\x80\x02\x82\x01."), Error);                  // EXT1
+  EXPECT_THROW(ParseBytes("\x80\x05\x97."), Error);                      // NEXT_BUFFER
+  EXPECT_THROW(ParseBytes("\x80\x02" "cos\nsys"), Error);                // truncated GLOBAL
+}
+
+TEST(PickleParser, LyingLengthsAreCheckedBeforeUse) {
+  // BINUNICODE8 / BINBYTES8 / LONG4 claiming huge sizes must fail without allocating.
+  std::string huge = std::string("\x80\x04\x8d") + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "abc.";
+  EXPECT_THROW(ParseBytes(huge), Error);
+  std::string bytes8 = std::string("\x80\x04\x8e") + std::string("\x00\x00\x00\x00\x01\x00\x00\x00", 8) + ".";
+  EXPECT_THROW(ParseBytes(bytes8), Error);
+  std::string long4 = std::string("\x80\x02\x8b\xff\xff\xff\x7f") + "..";
+  EXPECT_THROW(ParseBytes(long4), Error);
+  std::string frame = std::string("\x80\x04\x95") + std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8) + "N.";
+  EXPECT_THROW(ParseBytes(frame), Error);
+}
+
+TEST(PickleParser, DeepNestingHitsTheLimit) {
+  std::string s = "\x80\x02";
+  for (int i = 0; i < 5000; ++i) s += "]";  // 5000 lists...
+  for (int i = 0; i < 4999; ++i) s += "a";  // ...each appended into the previous
+  s += ".";
+  try {
+    ParseBytes(s);
+    FAIL() << "expected a nesting error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper"), std::string::npos) << e.what();
+  }
+  std::string marks(3000, '(');
+  EXPECT_THROW(ParseBytes("\x80\x02" + marks + "N."), Error);
+  // Nested tuples built without marks hit the same limit.
+  std::string tuples = "\x80\x02N";
+  for (int i = 0; i < 3000; ++i) tuples += "\x85";
+  EXPECT_THROW(ParseBytes(tuples + "."), Error);
+}
+
+TEST(PickleParser, NodeAndMemoLimits) {
+  Limits small;
+  small.max_nodes = 100;
+  std::string many = "\x80\x02(";
+  for (int i = 0; i < 200; ++i) many += "N";
+  many += "l.";
+  EXPECT_THROW(ParseBytes(many, small), Error);
+  Limits memo;
+  memo.max_memo = 10;
+  std::string puts = "\x80\x02N";
+  for (int i = 0; i < 20; ++i) puts += std::string("q") + static_cast<char>(i);
+  EXPECT_THROW(ParseBytes(puts + ".", memo), Error);
+}
+
+TEST(PickleParser, BillionLaughsStaysSmall) {
+  // a = [N]; b = [a, a]; c = [b, b] ... 40 levels: 2^40 paths, 40 nodes.
+  std::string s("\x80\x02(Nlq\x00", 7);
+  for (int i = 1; i < 40; ++i) {
+    s += "(h";
+    s += static_cast<char>(i - 1);
+    s += "h";
+    s += static_cast<char>(i - 1);
+    s += "lq";
+    s += static_cast<char>(i);
+  }
+  s += ".";
+  Graph g = ParseBytes(s);
+  EXPECT_LT(g.nodes.size(), 100u);
+}
+
+TEST(PickleParser, ErrorsNameTheOffset) {
+  try {
+    Parse(B("\x80\x02NNh\x07."), 1000);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offset 1004"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("memo key 7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TextCodec, DecimalRoundTrips) {
+  for (std::string v : {"0", "1", "-1", "127", "128", "-128", "-129", "255", "256",
+                        "9223372036854775807", "-9223372036854775808",
+                        "1180591620717411303424", "-340282366920938463463374607431768211457"}) {
+    std::string le;
+    ASSERT_TRUE(DecimalToTwosComplement(v, le)) << v;
+    EXPECT_EQ(TwosComplementToDecimal(le), v);
+  }
+  std::string le;
+  EXPECT_FALSE(DecimalToTwosComplement("12a", le));
+  EXPECT_FALSE(DecimalToTwosComplement("", le));
+}
+
+}  // namespace
+}  // namespace ckpt::pickle

@@ -1,0 +1,84 @@
+#include "safetensors/safetensors_file.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "test_util.h"
+
+namespace ckpt::safetensors {
+namespace {
+
+using test::B;
+
+std::string Make(const std::string& header, const std::string& data) {
+  std::string out;
+  AppendLE<uint64_t>(out, header.size());
+  return out + header + data;
+}
+
+std::string ErrorOf(const std::string& bytes) {
+  try {
+    Parse(B(bytes));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Safetensors, ReadsTensorsAndMetadata) {
+  std::string f = Make(R"({"b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]},)"
+                       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("__metadata__":{"format":"pt"}})",
+                       std::string(12, '\0'));
+  File st = Parse(B(f));
+  ASSERT_EQ(st.tensors.size(), 2u);
+  EXPECT_EQ(st.tensors[0].name, "a");  // offset order
+  EXPECT_EQ(st.tensors[1].torch_dtype, "bfloat16");
+  EXPECT_EQ(st.metadata.at("format"), "pt");
+  EXPECT_TRUE(LooksLikeSafetensors(B(f)));
+}
+
+TEST(Safetensors, CommittedFixtureParses) {
+  std::string f = test::ReadFixture("small.safetensors");
+  File st = Parse(B(f));
+  EXPECT_EQ(st.tensors.size(), 3u);
+  EXPECT_EQ(st.data_offset % 8, 0u);
+}
+
+TEST(Safetensors, RejectsBrokenHeaders) {
+  std::string data(8, '\0');
+  auto one = [&](const std::string& entry) { return Make("{" + entry + "}", data); };
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]})")).find("unknown dtype"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]})")).find("needs"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]})")).find("shape"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})")).find("hole"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})")).find("after the header"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})")).find("twice"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]})")).find("overlap"), std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("__metadata__":{"k":1})")).find("__metadata__"), std::string::npos);
+  EXPECT_NE(ErrorOf(Make("[1,2]", "")).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(ErrorOf(Make("{\"a\":", "")).find("JSON"), std::string::npos);
+  EXPECT_NE(ErrorOf(Make("{\"\xff\":1}", "")).find("UTF-8"), std::string::npos);
+}
+
+TEST(Safetensors, HeaderLengthIsCheckedAgainstTheFile) {
+  std::string f;
+  AppendLE<uint64_t>(f, 1ull << 40);
+  f += "{}";
+  EXPECT_NE(ErrorOf(f).find("exceeds"), std::string::npos);
+  std::string g;
+  AppendLE<uint64_t>(g, 1000);
+  g += "{}";
+  EXPECT_NE(ErrorOf(g).find("runs past"), std::string::npos);
+  EXPECT_NE(ErrorOf("abc").find("too small"), std::string::npos);
+}
+
+TEST(Safetensors, TruncationAtEveryByteIsAnError) {
+  std::string f = test::ReadFixture("small.safetensors");
+  for (size_t n = 0; n < f.size(); ++n) {
+    EXPECT_THROW(Parse(B(f.substr(0, n))), Error) << n;
+  }
+}
+
+}  // namespace
+}  // namespace ckpt::safetensors

@@ -1,0 +1,121 @@
+#include "zip/zip_archive.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "test_util.h"
+
+namespace ckpt::zip {
+namespace {
+
+using test::B;
+using test::BuildZip;
+
+std::string ErrorOf(const std::string& bytes) {
+  try {
+    Archive::Parse(B(bytes));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ZipArchive, ReadsStoredAndDeflatedRecords) {
+  std::string big(100000, 'x');
+  for (size_t i = 0; i < big.size(); i += 7) big[i] = static_cast<char>(i);
+  std::string z = BuildZip({{"a/data.pkl", "hello"}, {"a/data/0", big, true}, {"a/version", "3\n"}});
+  Archive a = Archive::Parse(B(z));
+  ASSERT_EQ(a.entries().size(), 3u);
+  const Entry* e = a.Find("a/data/0");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->method, Method::kDeflate);
+  EXPECT_EQ(ReadRecord(B(z), *e, 1 << 20), big);
+  EXPECT_EQ(ReadRecord(B(z), *a.Find("a/data.pkl"), 100), "hello");
+  EXPECT_EQ(a.Find("a/data/1"), nullptr);
+  EXPECT_EQ(a.Find("a/data.pkl")->descriptor_size, 16u);
+  // Streaming gives the same bytes in chunks.
+  std::string streamed;
+  StreamRecord(B(z), *e, [&](Bytes chunk) { streamed.append(AsText(chunk)); });
+  EXPECT_EQ(streamed, big);
+}
+
+TEST(ZipArchive, PlainEndRecordWithoutZip64) {
+  std::string z = BuildZip({{"x/data.pkl", "abc"}}, /*zip64_end=*/false);
+  Archive a = Archive::Parse(B(z));
+  EXPECT_EQ(a.entries().size(), 1u);
+}
+
+TEST(ZipArchive, RecordLimitIsEnforcedBeforeAllocating) {
+  std::string z = BuildZip({{"a/data.pkl", std::string(1000, 'p')}});
+  EXPECT_THROW(ReadRecord(B(z), *Archive::Parse(B(z)).Find("a/data.pkl"), 999), Error);
+}
+
+TEST(ZipArchive, RejectsBadSignaturesAndCounts) {
+  std::string z = BuildZip({{"a/data.pkl", "hello"}});
+  EXPECT_NE(ErrorOf("PK\x03\x04 not really a zip"), "");
+  // Break the central directory signature.
+  std::string bad = z;
+  size_t cd = bad.find(std::string("PK\x01\x02", 4));
+  bad[cd + 2] = 9;
+  EXPECT_NE(ErrorOf(bad).find("central directory signature"), std::string::npos) << ErrorOf(bad);
+  // Break the local header signature.
+  bad = z;
+  bad[2] = 9;
+  EXPECT_NE(ErrorOf(bad).find("local header signature"), std::string::npos) << ErrorOf(bad);
+  // Absurd entry count in the zip64 end record.
+  bad = z;
+  size_t end64 = bad.find(std::string("PK\x06\x06", 4));
+  for (int i = 0; i < 8; ++i) {
+    bad[end64 + 24 + i] = '\x7f';
+    bad[end64 + 32 + i] = '\x7f';
+  }
+  EXPECT_NE(ErrorOf(bad).find("entries"), std::string::npos) << ErrorOf(bad);
+}
+
+TEST(ZipArchive, RejectsOverlappingAndOutOfFileRecords) {
+  std::string z = BuildZip({{"a/data.pkl", "hello"}, {"a/data/0", "world"}});
+  // Point the second central entry at the first local header.
+  std::string bad = z;
+  size_t cd = bad.find(std::string("PK\x01\x02", 4));
+  size_t cd2 = bad.find(std::string("PK\x01\x02", 4), cd + 4);
+  for (int i = 0; i < 4; ++i) bad[cd2 + 42 + i] = 0;
+  std::string err = ErrorOf(bad);
+  EXPECT_TRUE(err.find("overlaps") != std::string::npos || err.find("differs") != std::string::npos)
+      << err;
+  // Claim a compressed size larger than the file.
+  bad = z;
+  bad[cd + 20] = '\xff';
+  bad[cd + 21] = '\xff';
+  bad[cd + 24] = '\xff';
+  bad[cd + 25] = '\xff';
+  EXPECT_NE(ErrorOf(bad).find("runs past"), std::string::npos) << ErrorOf(bad);
+}
+
+TEST(ZipArchive, DuplicateNamesAreRejected) {
+  std::string z = BuildZip({{"a/data.pkl", "1"}, {"a/data.pkl", "2"}});
+  EXPECT_NE(ErrorOf(z).find("duplicate"), std::string::npos);
+}
+
+TEST(ZipArchive, CorruptDeflateDataIsAnError) {
+  std::string z = BuildZip({{"a/data/0", std::string(5000, 'q'), true}});
+  Archive a = Archive::Parse(B(z));
+  const Entry* e = a.Find("a/data/0");
+  std::string bad = z;
+  for (uint64_t i = e->data_offset; i < e->data_end(); ++i) bad[i] = '\xff';
+  EXPECT_THROW(ReadRecord(B(bad), *e, 1 << 20), Error);
+}
+
+TEST(ZipArchive, TruncationAtEveryByteNeverCrashes) {
+  std::string z = BuildZip({{"a/data.pkl", "hello"}, {"a/data/0", std::string(300, 'd')}, {"a/version", "3\n"}});
+  for (size_t n = 0; n < z.size(); ++n) {
+    std::string cut = z.substr(0, n);
+    try {
+      Archive a = Archive::Parse(B(cut));
+      for (const Entry& e : a.entries()) ReadRecord(B(cut), e, 1 << 20);
+    } catch (const Error&) {
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ckpt::zip

@@ -69,7 +69,8 @@ std::string RenderText(const FileReport& r, size_t top_n) {
       HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes), Percent(r.wasted_bytes, r.storage_bytes));
   size_t shared = std::count_if(r.storages.begin(), r.storages.end(),
                                 [](const StorageRow& s) { return s.views > 1; });
-  if (shared) out += fmt::format("  {} storages are shared by several tensors\n", shared);
+  if (shared == 1) out += "  1 storage is shared by several tensors\n";
+  if (shared > 1) out += fmt::format("  {} storages are shared by several tensors\n", shared);
 
   RollupTable(out, "BY DTYPE", "dtype", r.by_dtype, top_n);
   RollupTable(out, "BY TOP-LEVEL KEY", "key", r.by_key, top_n);

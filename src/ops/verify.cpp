@@ -15,7 +15,7 @@ namespace {
 
 // Stored records are cut into pieces hashed in parallel and combined with crc32_combine;
 // deflated ones are inflated and hashed as a stream.
-constexpr uint64_t kPiece = 32ull << 20;
+constexpr uint64_t kPiece = 16ull << 20;
 
 struct Piece {
   size_t entry;

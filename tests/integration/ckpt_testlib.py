@@ -1,0 +1,138 @@
+"""Shared helpers for integration tests: run the ckptool binary, and describe a real torch
+object the way `ckptool inspect` names things, so the two can be compared."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CKPTOOL = os.environ.get("CKPTOOL") or os.path.join(HERE, "..", "..", "build", "ckptool")
+FIXTURES = os.environ.get("CKPT_FIXTURES_DIR") or os.path.join(HERE, "..", "fixtures")
+
+
+def run(*args, expect=0):
+    """Runs ckptool; asserts the exit code when `expect` is not None."""
+    p = subprocess.run([CKPTOOL, *map(str, args)], capture_output=True, text=True, timeout=300)
+    if expect is not None and p.returncode != expect:
+        raise AssertionError(
+            f"ckptool {' '.join(map(str, args))} exited {p.returncode}, expected {expect}\n"
+            f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        )
+    return p
+
+
+def inspect(path):
+    """The single file report of `ckptool inspect --json path`."""
+    doc = json.loads(run("inspect", "--json", path).stdout)
+    assert len(doc["files"]) == 1, doc
+    return doc["files"][0]
+
+
+def dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def key_text(k):
+    return k if isinstance(k, str) else str(k)
+
+
+def walk_tensors(obj, path="", out=None, seen=None):
+    """name -> tensor for every tensor reachable from obj, named like ckptool names them."""
+    if out is None:
+        out, seen = {}, set()
+    join = lambda part: f"{path}.{part}" if path else str(part)
+    if isinstance(obj, torch.Tensor):
+        out[path] = obj
+        return out
+    if id(obj) in seen:
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            walk_tensors(v, join(key_text(k)), out, seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            walk_tensors(v, join(i), out, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for k, v in vars(obj).items():
+            walk_tensors(v, join(k), out, seen)
+    seen.discard(id(obj))
+    return out
+
+
+def storage_of(t):
+    return t.storage()
+
+
+def reach(t):
+    """[begin, end) bytes of its storage that tensor t can reach."""
+    es = t.element_size()
+    if t.numel() == 0:
+        return (0, 0)
+    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    begin = t.storage_offset() * es
+    return (begin, begin + (span + 1) * es)
+
+
+def union_size(ranges):
+    total, cur = 0, None
+    for b, e in sorted(r for r in ranges if r[1] > r[0]):
+        if cur and b <= cur[1]:
+            cur[1] = max(cur[1], e)
+        else:
+            if cur:
+                total += cur[1] - cur[0]
+            cur = [b, e]
+    if cur:
+        total += cur[1] - cur[0]
+    return total
+
+
+class CkptTestCase(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def assertReportMatchesTorch(self, report, obj):
+        """Every tensor torch sees is in the report with the same metadata, and storages
+        group, size and count used bytes the way torch's own objects say."""
+        expected = walk_tensors(obj)
+        rows = {}
+        for row in report["tensors"]:
+            self.assertNotIn(row["name"], rows, f"duplicate name {row['name']}")
+            rows[row["name"]] = row
+        self.assertEqual(sorted(rows), sorted(expected))
+        storages = {s["key"]: s for s in report["storages"]}
+        key_to_ptr, ranges = {}, {}
+        for name, t in expected.items():
+            row = rows[name]
+            with self.subTest(tensor=name):
+                self.assertEqual(row["dtype"], dtype_name(t.dtype))
+                self.assertEqual(row["shape"], list(t.shape))
+                self.assertEqual(row["stride"], list(t.stride()))
+                self.assertEqual(row["offset"], t.storage_offset())
+                self.assertEqual(row["requires_grad"], t.requires_grad)
+                self.assertEqual(row["kind"] == "parameter", isinstance(t, torch.nn.Parameter))
+                st = storage_of(t)
+                self.assertEqual(storages[row["storage"]]["bytes"], st.nbytes())
+                ptr = st.data_ptr() if st.nbytes() else ("empty", row["storage"])
+                self.assertEqual(key_to_ptr.setdefault(row["storage"], ptr), ptr,
+                                 "one ckptool storage maps to several torch storages")
+                ranges.setdefault(row["storage"], set()).add(reach(t))
+        self.assertEqual(len(set(key_to_ptr.values())), len(key_to_ptr),
+                         "one torch storage maps to several ckptool storages")
+        for key, rs in ranges.items():
+            self.assertEqual(storages[key]["used_bytes"], union_size(rs), key)
+        self.assertEqual(report["storage_bytes"], sum(s["bytes"] for s in report["storages"]))
+        self.assertEqual(report["wasted_bytes"], report["storage_bytes"] - report["used_bytes"])
+        self.assertEqual(sum(b["bytes"] for b in report["byte_map"]), report["file_bytes"])
+        self.assertEqual(report["file_bytes"], os.path.getsize(report["path"]))

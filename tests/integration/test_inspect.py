@@ -10,12 +10,19 @@ import torch
 from ckpt_testlib import CkptTestCase, inspect, run
 
 
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass with Python state, as some libraries save."""
+
+
 def zoo():
     torch.manual_seed(0)
     flat = torch.randn(1000)
     base = torch.randn(6, 8)
     tied = torch.randn(5, 3)
+    annotated = torch.randn(3).as_subclass(TaggedTensor)  # pickles via _rebuild_from_type_v2
+    annotated.note = "subclass state"
     return {
+        "annotated": annotated,
         "model": {
             "flat_view": flat[100:110],
             "matrix_view": flat[200:224].view(4, 6),
@@ -61,9 +68,12 @@ class InspectMatchesTorch(CkptTestCase):
         globals_ = set(r["globals"])
         self.assertIn("argparse.Namespace", globals_)
         self.assertIn("torch._utils._rebuild_tensor_v2", globals_)
+        self.assertIn("torch._tensor._rebuild_from_type_v2", globals_)
         self.assertEqual(r["unsafe_globals"], [])
         self.assertIn("argparse.Namespace", r["weights_only_refused_globals"])
         names = [t["name"] for t in r["tensors"]]
+        kinds = {t["name"]: t["kind"] for t in r["tensors"]}
+        self.assertEqual(kinds["annotated"], "subclass:test_inspect.TaggedTensor")
         self.assertIn("lm_head", names)
         self.assertIn("model.embed", names)
 

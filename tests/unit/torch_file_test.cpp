@@ -98,6 +98,46 @@ TEST(TorchZip, UnknownStorageClassAndBadArgumentsAreProblems) {
   EXPECT_TRUE(HasProblem(ReadTorchZip(B(f)).model, "unknown storage class"));
 }
 
+TEST(TorchZip, RebuildV3OverUntypedStorage) {
+  // torch >= 2.1 saves new dtypes as UntypedStorage (numel = bytes) + _rebuild_tensor_v3.
+  std::string pkl = P().proto(2).op('}').str("f8")
+      .global("torch._utils", "_rebuild_tensor_v3")
+      .mark()
+      .mark().str("storage").global("torch", "UntypedStorage").str("0").str("cpu").bin_int(16).op('t').op('Q')
+      .bin_int(4)
+      .mark().bin_int(2).bin_int(3).op('t')
+      .mark().bin_int(3).bin_int(1).op('t')
+      .op(0x89)
+      .global("collections", "OrderedDict").op(')').op('R')
+      .global("torch", "float8_e4m3fn")
+      .op('t').op('R')
+      .op('s').stop().bytes();
+  TorchFile tf = ReadTorchZip(B(Checkpoint(pkl, std::string(16, '\0'))));
+  ASSERT_EQ(tf.model.tensors.size(), 1u);
+  const Tensor& t = tf.model.tensors[0];
+  EXPECT_EQ(t.dtype, DType::kFloat8E4M3FN);
+  EXPECT_EQ(t.byte_begin, 4u);
+  EXPECT_EQ(t.byte_end, 10u);
+  EXPECT_EQ(tf.model.storages[0].nbytes, 16u);
+  EXPECT_TRUE(tf.model.problems.empty());
+}
+
+TEST(TorchZip, GlobalsHiddenBehindTheMemoAreStillSeen) {
+  // GLOBAL memoized then fetched with BINGET: scanners that only read GLOBAL text at the
+  // call site miss it; the graph keeps the one global node either way.
+  std::string pkl = P().proto(2).global("os", "system").put(1).op('0')
+      .op('}').str("x").get(1).str("true").op(0x85).op('R').op('s').stop().bytes();
+  TorchFile tf = ReadTorchZip(B(Checkpoint(pkl, "")));
+  bool found = false;
+  for (pickle::NodeId id = 0; id < tf.model.graph.nodes.size(); ++id) {
+    if (tf.model.graph.kind(id) == pickle::Kind::kGlobal &&
+        tf.model.graph.GlobalText(id) == "os.system") {
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(TorchZip, RealFixtureMatchesWhatTorchSaved) {
   std::string f = test::ReadFixture("small.pt");
   TorchFile tf = ReadTorchZip(B(f));

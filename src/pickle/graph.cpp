@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "base/error.h"
+
 namespace ckpt::pickle {
 
 const char* KindName(Kind kind) {
@@ -64,6 +66,72 @@ std::string Graph::Describe(NodeId id) const {
     case Kind::kGlobal: return GlobalText(id);
     default: return fmt::format("<{}>", KindName(n.kind));
   }
+}
+
+NodeId Graph::Add(Kind kind, uint64_t stream_offset) {
+  if (nodes.size() >= kNil) Fail("too many pickle objects");
+  Node n;
+  n.kind = kind;
+  n.stream_offset = stream_offset;
+  nodes.push_back(n);
+  return static_cast<NodeId>(nodes.size() - 1);
+}
+
+NodeId Graph::AddCompound(Kind kind, uint64_t stream_offset) {
+  NodeId id = Add(kind, stream_offset);
+  nodes[id].compound = static_cast<uint32_t>(compounds.size());
+  compounds.emplace_back();
+  return id;
+}
+
+void Graph::SetText(NodeId id, std::string_view text) {
+  if (strings.size() + text.size() > UINT32_MAX) Fail("pickle strings exceed 4 GiB in total");
+  nodes[id].text_offset = static_cast<uint32_t>(strings.size());
+  nodes[id].text_size = static_cast<uint32_t>(text.size());
+  strings.append(text);
+}
+
+NodeId Graph::AddText(Kind kind, std::string_view text, uint64_t stream_offset) {
+  NodeId id = Add(kind, stream_offset);
+  SetText(id, text);
+  return id;
+}
+
+NodeId Graph::AddInt(int64_t value, uint64_t stream_offset) {
+  NodeId id = Add(Kind::kInt, stream_offset);
+  nodes[id].integer = value;
+  return id;
+}
+
+NodeId Graph::AddBool(bool value, uint64_t stream_offset) {
+  NodeId id = Add(Kind::kBool, stream_offset);
+  nodes[id].boolean = value;
+  return id;
+}
+
+NodeId Graph::AddFloat(double value, uint64_t stream_offset) {
+  NodeId id = Add(Kind::kFloat, stream_offset);
+  nodes[id].real = value;
+  return id;
+}
+
+NodeId Graph::AddGlobal(std::string_view module, std::string_view name, uint64_t stream_offset) {
+  NodeId id = AddText(Kind::kGlobal, std::string(module) + std::string(name), stream_offset);
+  nodes[id].text_size = static_cast<uint32_t>(module.size());
+  nodes[id].name_size = static_cast<uint32_t>(name.size());
+  return id;
+}
+
+NodeId Graph::AddTuple(std::vector<NodeId> items, uint64_t stream_offset) {
+  NodeId id = AddCompound(Kind::kTuple, stream_offset);
+  mutable_compound(id).items = std::move(items);
+  return id;
+}
+
+NodeId Graph::AddPersId(NodeId pid, uint64_t stream_offset) {
+  NodeId id = AddCompound(Kind::kPersId, stream_offset);
+  mutable_compound(id).args = pid;
+  return id;
 }
 
 }  // namespace ckpt::pickle

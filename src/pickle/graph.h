@@ -101,6 +101,20 @@ class Graph {
   size_t ArgCount(NodeId id) const;
   // Short human description of a scalar node (for names and messages).
   std::string Describe(NodeId id) const;
+
+  // ---- building (the parser, and transforms that rewrite a checkpoint) ----
+  NodeId Add(Kind kind, uint64_t stream_offset = 0);
+  NodeId AddCompound(Kind kind, uint64_t stream_offset = 0);
+  NodeId AddText(Kind kind, std::string_view text, uint64_t stream_offset = 0);
+  NodeId AddInt(int64_t value, uint64_t stream_offset = 0);
+  NodeId AddBool(bool value, uint64_t stream_offset = 0);
+  NodeId AddFloat(double value, uint64_t stream_offset = 0);
+  NodeId AddGlobal(std::string_view module, std::string_view name, uint64_t stream_offset = 0);
+  NodeId AddTuple(std::vector<NodeId> items, uint64_t stream_offset = 0);
+  NodeId AddPersId(NodeId pid, uint64_t stream_offset = 0);
+  Compound& mutable_compound(NodeId id) { return compounds[nodes[id].compound]; }
+  // Replaces the text of a kStr/kBytes node.
+  void SetText(NodeId id, std::string_view text);
 };
 
 }  // namespace ckpt::pickle

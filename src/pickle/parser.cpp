@@ -38,51 +38,28 @@ class Parser {
     Fail("pickle offset {}: {}", op_offset_, what);
   }
 
-  // ---- node creation ----
-  NodeId NewNode(Kind kind) {
-    if (g_.nodes.size() >= limits_.max_nodes) {
+  // ---- node creation: every new node goes through Track() for limits and depth ----
+  NodeId Track(NodeId id) {
+    if (g_.nodes.size() > limits_.max_nodes) {
       Error(fmt::format("more than {} objects (limit)", limits_.max_nodes));
     }
-    Node n;
-    n.kind = kind;
-    n.stream_offset = op_offset_;
-    g_.nodes.push_back(n);
     depth_.push_back(1);
-    return static_cast<NodeId>(g_.nodes.size() - 1);
-  }
-  NodeId NewCompound(Kind kind) {
-    NodeId id = NewNode(kind);
-    g_.nodes[id].compound = static_cast<uint32_t>(g_.compounds.size());
-    g_.compounds.emplace_back();
     return id;
   }
-  Compound& C(NodeId id) { return g_.compounds[g_.nodes[id].compound]; }
-  void StoreText(NodeId id, std::string_view text) {
-    if (g_.strings.size() + text.size() > UINT32_MAX) Error("strings exceed 4 GiB in total");
-    g_.nodes[id].text_offset = static_cast<uint32_t>(g_.strings.size());
-    g_.nodes[id].text_size = static_cast<uint32_t>(text.size());
-    g_.strings.append(text);
-  }
+  NodeId NewNode(Kind kind) { return Track(g_.Add(kind, op_offset_)); }
+  NodeId NewCompound(Kind kind) { return Track(g_.AddCompound(kind, op_offset_)); }
+  Compound& C(NodeId id) { return g_.mutable_compound(id); }
   NodeId NewText(Kind kind, std::string_view text) {
-    NodeId id = NewNode(kind);
-    StoreText(id, text);
-    return id;
+    return Track(g_.AddText(kind, text, op_offset_));
   }
-  NodeId NewInt(int64_t v) {
-    NodeId id = NewNode(Kind::kInt);
-    g_.nodes[id].integer = v;
-    return id;
-  }
+  NodeId NewInt(int64_t v) { return Track(g_.AddInt(v, op_offset_)); }
   NodeId NewGlobal(std::string_view module, std::string_view name) {
     if (module.empty() || name.empty()) Error("empty global name");
-    for (char ch : std::string(module) + std::string(name)) {
-      if (ch == '\0' || ch == '\n') Error("global name contains a NUL or newline");
+    if (module.find_first_of(std::string_view("\0\n", 2)) != std::string_view::npos ||
+        name.find_first_of(std::string_view("\0\n", 2)) != std::string_view::npos) {
+      Error("global name contains a NUL or newline");
     }
-    NodeId id = NewNode(Kind::kGlobal);
-    StoreText(id, std::string(module) + std::string(name));
-    g_.nodes[id].text_size = static_cast<uint32_t>(module.size());
-    g_.nodes[id].name_size = static_cast<uint32_t>(name.size());
-    return id;
+    return Track(g_.AddGlobal(module, name, op_offset_));
   }
   // A container made from `children`; its depth is one more than its deepest child.
   NodeId NewSequence(Kind kind, std::vector<NodeId> children) {
@@ -171,16 +148,8 @@ class Parser {
     }
     return NewText(Kind::kBigInt, AsText(b));
   }
-  NodeId NewFloat(double v) {
-    NodeId id = NewNode(Kind::kFloat);
-    g_.nodes[id].real = v;
-    return id;
-  }
-  NodeId NewBool(bool v) {
-    NodeId id = NewNode(Kind::kBool);
-    g_.nodes[id].boolean = v;
-    return id;
-  }
+  NodeId NewFloat(double v) { return Track(g_.AddFloat(v, op_offset_)); }
+  NodeId NewBool(bool v) { return Track(g_.AddBool(v, op_offset_)); }
   NodeId MakeObject(Construct how, NodeId callable, NodeId args, NodeId kwargs = kNil) {
     NodeId id = NewCompound(Kind::kObject);
     Compound& c = C(id);

@@ -33,6 +33,8 @@ MappedFile MappedFile::Open(const std::string& path) {
   f.mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   f.inode_ = st.st_ino;
   f.mode_ = st.st_mode;
+  f.uid_ = st.st_uid;
+  f.gid_ = st.st_gid;
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
     if (p == MAP_FAILED) FailErrno(path, "cannot map");
@@ -53,6 +55,8 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     mtime_ns_ = other.mtime_ns_;
     inode_ = other.inode_;
     mode_ = other.mode_;
+    uid_ = other.uid_;
+    gid_ = other.gid_;
   }
   return *this;
 }
@@ -65,6 +69,13 @@ void MappedFile::Reset() {
   data_ = nullptr;
   size_ = 0;
   fd_ = -1;
+}
+
+bool MappedFile::ChangedOnDisk() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return true;
+  int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return st.st_ino != inode_ || static_cast<uint64_t>(st.st_size) != size_ || mtime != mtime_ns_;
 }
 
 void MappedFile::AdviseSequential(uint64_t offset, uint64_t size) const {

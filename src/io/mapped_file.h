@@ -31,6 +31,10 @@ class MappedFile {
   int64_t mtime_ns() const { return mtime_ns_; }
   ino_t inode() const { return inode_; }
   mode_t mode() const { return mode_; }
+  uid_t uid() const { return uid_; }
+  gid_t gid() const { return gid_; }
+  // True if the file at path() is no longer the one we mapped, as it was (size, mtime, inode).
+  bool ChangedOnDisk() const;
 
   // Tells the kernel we will read [offset, offset+size) front to back.
   void AdviseSequential(uint64_t offset, uint64_t size) const;
@@ -48,6 +52,8 @@ class MappedFile {
   int64_t mtime_ns_ = 0;
   ino_t inode_ = 0;
   mode_t mode_ = 0;
+  uid_t uid_ = 0;
+  gid_t gid_ = 0;
 };
 
 }  // namespace ckpt

@@ -25,6 +25,7 @@ struct Storage {
   std::string record;        // zip record name, empty for legacy
   // Referenced directly (a bare storage object in the pickle), so all of it is in use.
   bool used_whole = false;
+  pickle::NodeId first_ref = pickle::kNil;  // a persistent-id node that names this storage
 };
 
 struct Tensor {
@@ -41,7 +42,9 @@ struct Tensor {
   // Bytes of the storage this view can reach: [byte_begin, byte_end); empty if numel == 0.
   uint64_t byte_begin = 0;
   uint64_t byte_end = 0;
-  pickle::NodeId node = pickle::kNil;  // the rebuild call in the graph
+  pickle::NodeId node = pickle::kNil;  // the rebuild call in the graph (identity)
+  // The argument tuple whose items 0 and 1 are the storage and the storage offset.
+  pickle::NodeId args = pickle::kNil;
 };
 
 struct Problem {
@@ -55,6 +58,8 @@ struct Model {
   std::vector<Tensor> tensors;
   std::vector<Problem> problems;  // structural problems: verify fails on any
   std::vector<std::string> notes; // things recognised only partly (unknown rebuild forms)
+  // Persistent ids that refer to a storage outside any tensor (a bare storage object).
+  std::vector<std::pair<pickle::NodeId, int32_t>> bare_refs;
 
   int32_t FindStorage(const std::string& key) const;
 };

@@ -142,7 +142,7 @@ class Walker {
   }
 
   // ---- storages ----
-  int32_t StorageFor(const StorageRef& ref, const std::string& where) {
+  int32_t StorageFor(const StorageRef& ref, const std::string& where, NodeId persid) {
     auto it = by_key_.find(ref.key);
     if (it != by_key_.end()) {
       Storage& s = m_.storages[it->second];
@@ -159,6 +159,7 @@ class Walker {
     s.numel = ref.numel;
     s.nbytes = CheckedMul(ref.numel, ElementSize(ref.dtype));
     s.location = ref.location;
+    s.first_ref = persid;
     m_.storages.push_back(std::move(s));
     int32_t index = static_cast<int32_t>(m_.storages.size() - 1);
     by_key_.emplace(ref.key, index);
@@ -174,7 +175,9 @@ class Walker {
     }
     try {
       StorageRef ref = DecodeStorageRef(g_, persid);
-      m_.storages[StorageFor(ref, path)].used_whole = true;
+      int32_t index = StorageFor(ref, path, persid);
+      m_.storages[index].used_whole = true;
+      m_.bare_refs.emplace_back(persid, index);
     } catch (const Error& e) {
       Problem(path.empty() ? "<root>" : path, e.what());
     }
@@ -216,7 +219,7 @@ class Walker {
     if (module != "torch._utils") return false;
     if (name == "_rebuild_tensor" || name == "_rebuild_tensor_v2" || name == "_rebuild_tensor_v3" ||
         name == "_rebuild_qtensor") {
-      AddStorageTensor(name, a, node, path, name == "_rebuild_qtensor" ? "qtensor" : kind);
+      AddStorageTensor(name, args, node, path, name == "_rebuild_qtensor" ? "qtensor" : kind);
       return true;
     }
     if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") {
@@ -328,8 +331,9 @@ class Walker {
     m_.tensors.push_back(std::move(t));
   }
 
-  void AddStorageTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node,
-                        const std::string& path, const std::string& kind) {
+  void AddStorageTensor(std::string_view fn, NodeId args, NodeId node, const std::string& path,
+                        const std::string& kind) {
+    const std::vector<NodeId>& a = g_.items(args);
     std::string where = path.empty() ? "<root>" : path;
     size_t need = fn == "_rebuild_tensor" ? 4 : fn == "_rebuild_tensor_v3" ? 7 : 6;
     if (a.size() < need) {
@@ -354,7 +358,8 @@ class Walker {
       return;
     }
     if (ref.is_view && !legacy_) Problem(where, "view metadata in a zip checkpoint");
-    t.storage = StorageFor(ref, where);
+    t.storage = StorageFor(ref, where, a[0]);
+    t.args = args;
     t.dtype = ref.dtype;
     if (fn == "_rebuild_tensor_v3") {
       auto d = DTypeArg(a[6]);

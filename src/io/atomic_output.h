@@ -1,0 +1,56 @@
+// An output file that replaces its destination only when complete and durable.
+//
+// Create() makes a temp file in the destination's folder (same filesystem, so rename is
+// atomic), reserves its full size up front (a full disk fails here, before any work), and
+// registers it for removal on Ctrl-C. Commit() fsyncs the data, renames over the
+// destination and fsyncs the folder. Destroying an uncommitted output removes the temp file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "base/byte_cursor.h"
+
+namespace ckpt {
+
+class AtomicOutput {
+ public:
+  static AtomicOutput Create(const std::string& final_path, uint64_t size);
+
+  AtomicOutput(AtomicOutput&& other) noexcept;
+  AtomicOutput& operator=(AtomicOutput&&) = delete;
+  AtomicOutput(const AtomicOutput&) = delete;
+  ~AtomicOutput();
+
+  int fd() const { return fd_; }
+  const std::string& temp_path() const { return temp_path_; }
+  const std::string& final_path() const { return final_path_; }
+
+  // Thread-safe positioned writes.
+  void Write(uint64_t offset, Bytes data) const;
+  // Copies [in_offset, +size) of in_fd to `offset` inside the kernel when it can
+  // (copy_file_range), else through a buffer.
+  void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) const;
+
+  void Sync() const;
+  // Gives the file this mode (and owner, when allowed) before it becomes visible.
+  void SetMode(mode_t mode, uid_t uid, gid_t gid) const;
+  void Commit();
+
+ private:
+  AtomicOutput() = default;
+  void Discard();
+
+  std::string final_path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  int slot_ = -1;
+  bool committed_ = false;
+};
+
+// Bytes free for an unprivileged writer in the folder holding `path`.
+uint64_t FreeSpaceFor(const std::string& path);
+
+}  // namespace ckpt

@@ -1,0 +1,51 @@
+#include "io/parallel_crc.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+
+#include "io/parallel.h"
+
+namespace ckpt {
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return static_cast<uint32_t>(crc32_combine64(crc_a, crc_b, static_cast<z_off64_t>(length_b)));
+}
+
+std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsigned threads,
+                                  uint64_t piece_size, const PieceFn& fn) {
+  struct Piece {
+    size_t range;
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Piece> pieces;
+  for (size_t r = 0; r < range_sizes.size(); ++r) {
+    uint64_t off = 0;
+    do {
+      uint64_t n = std::min(piece_size, range_sizes[r] - off);
+      pieces.push_back({r, off, n});
+      off += n;
+    } while (off < range_sizes[r]);
+  }
+  // Largest first keeps the tail short when sizes are uneven.
+  std::vector<size_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return pieces[a].length > pieces[b].length; });
+  std::vector<uint32_t> crcs(pieces.size(), 0);
+  ParallelFor(order.size(), threads, [&](size_t k) {
+    const Piece& p = pieces[order[k]];
+    crcs[order[k]] = p.length ? fn(p.range, p.offset, p.length) : 0;
+  });
+  std::vector<uint32_t> out(range_sizes.size(), 0);
+  std::vector<bool> started(range_sizes.size(), false);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    out[p.range] = started[p.range] ? Crc32Combine(out[p.range], crcs[i], p.length) : crcs[i];
+    started[p.range] = true;
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,91 @@
+#include "io/temp_files.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace ckpt {
+
+namespace {
+
+constexpr size_t kSlots = 256;
+constexpr size_t kPathMax = 4096;
+
+struct Slot {
+  std::atomic<bool> used{false};
+  char path[kPathMax];
+};
+
+std::array<Slot, kSlots> g_slots;
+std::atomic<bool> g_installed{false};
+std::atomic<unsigned> g_counter{0};
+
+void OnSignal(int sig) {
+  for (Slot& s : g_slots) {
+    if (s.used.load()) ::unlink(s.path);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+constexpr const char* kMarker = ".ckptool-tmp-";
+
+}  // namespace
+
+void InstallInterruptHandlers() {
+  if (g_installed.exchange(true)) return;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+int RegisterTempFile(const std::string& path) {
+  if (path.size() >= kPathMax) return -1;
+  for (size_t i = 0; i < kSlots; ++i) {
+    bool expected = false;
+    Slot& s = g_slots[i];
+    // Claim the slot by writing the path first and publishing it last.
+    if (s.used.load()) continue;
+    std::memcpy(s.path, path.c_str(), path.size() + 1);
+    if (s.used.compare_exchange_strong(expected, true)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void UnregisterTempFile(int slot) {
+  if (slot >= 0 && static_cast<size_t>(slot) < kSlots) g_slots[slot].used.store(false);
+}
+
+std::string TempPathFor(const std::string& final_path) {
+  std::filesystem::path p(final_path);
+  std::string name = "." + p.filename().string() + kMarker + std::to_string(::getpid()) + "-" +
+                     std::to_string(g_counter.fetch_add(1));
+  return (p.parent_path() / name).string();
+}
+
+int RemoveStaleTempFiles(const std::string& final_path) {
+  namespace fs = std::filesystem;
+  fs::path p(final_path);
+  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  std::string prefix = "." + p.filename().string() + kMarker;
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::string rest = name.substr(prefix.size());
+    pid_t pid = static_cast<pid_t>(std::atoi(rest.c_str()));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // that process still runs
+    if (fs::remove(it->path(), ec)) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace ckpt

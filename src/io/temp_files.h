@@ -1,0 +1,27 @@
+// Temporary output files that must never outlive an interrupted run.
+//
+// Every temp file is registered here; SIGINT/SIGTERM/SIGHUP handlers unlink all registered
+// files (async-signal-safe: fixed slots, unlink only) and then die of the same signal, as
+// zstd's INThandler does. Temp names are "<dir>/.<name>.ckptool-tmp-<pid>-<n>", so a later run
+// can recognise and remove ones left by a run that was killed outright (SIGKILL, power loss).
+#pragma once
+
+#include <string>
+
+namespace ckpt {
+
+// Installs the handlers once; later calls do nothing.
+void InstallInterruptHandlers();
+
+// Returns a slot id, or -1 when all slots are in use (the file is then not auto-removed).
+int RegisterTempFile(const std::string& path);
+void UnregisterTempFile(int slot);
+
+// A fresh temp path next to `final_path`.
+std::string TempPathFor(const std::string& final_path);
+
+// Removes temp files for `final_path` left by ckptool processes that no longer exist.
+// Returns how many were removed.
+int RemoveStaleTempFiles(const std::string& final_path);
+
+}  // namespace ckpt

@@ -14,6 +14,10 @@ namespace ckpt {
 
 using Bytes = std::span<const uint8_t>;
 
+inline Bytes AsBytes(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
 inline std::string_view AsText(Bytes b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};
 }

@@ -12,6 +12,7 @@ using Runner = std::function<int()>;
 
 Runner AddInspect(CLI::App& app);
 Runner AddVerify(CLI::App& app);
+Runner AddShrink(CLI::App& app);
 
 // Prints "ckptool: error: <message>" to stderr.
 void PrintError(const std::string& message);

@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   add("inspect", "Account for every byte of checkpoints: tensors, storages, waste, globals",
       ckpt::cli::AddInspect);
   add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
+  add("shrink", "Drop storage bytes no tensor uses; rewrite safely in place or to --output-dir",
+      ckpt::cli::AddShrink);
 
   try {
     app.parse(argc, argv);

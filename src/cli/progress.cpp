@@ -1,0 +1,43 @@
+#include "cli/progress.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "base/human.h"
+
+namespace ckpt::cli {
+
+bool StderrIsTerminal() { return ::isatty(STDERR_FILENO) == 1; }
+
+Progress::Progress(std::string label, uint64_t total, bool enabled)
+    : label_(std::move(label)), total_(total) {
+  if (enabled) thread_ = std::thread([this] { Loop(); });
+}
+
+Progress::~Progress() {
+  stop_ = true;
+  if (thread_.joinable()) {
+    thread_.join();
+    std::fputs("\r\033[K", stderr);
+  }
+}
+
+void Progress::Loop() {
+  using namespace std::chrono_literals;
+  auto start = std::chrono::steady_clock::now();
+  while (!stop_) {
+    std::this_thread::sleep_for(150ms);  // about 6 refreshes a second, as zstd does
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    uint64_t done = done_;
+    std::string line = fmt::format("\r{}: {} files done, {} / {} ({:.0f} MiB/s)\033[K", label_,
+                                   files_.load(), HumanBytes(done), HumanBytes(total_),
+                                   secs > 0 ? static_cast<double>(done) / (1 << 20) / secs : 0.0);
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  }
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,161 @@
+#include <fmt/format.h>
+#include <fnmatch.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "io/parallel.h"
+#include "ops/checkpoint_file.h"
+#include "ops/shrink.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct ShrinkCliOptions {
+  std::vector<std::string> files;
+  std::string checkpoint_dir;
+  std::vector<std::string> patterns;
+  bool debug = false;
+  bool dry_run = false;
+  bool json = false;
+  std::string output_dir;
+  unsigned threads = DefaultThreads();
+  bool allow_unsafe_globals = false;
+};
+
+double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+bool MatchesPatterns(const std::string& path, const std::vector<std::string>& patterns) {
+  if (patterns.empty()) return true;
+  std::string base = std::filesystem::path(path).filename().string();
+  for (const std::string& p : patterns) {
+    if (::fnmatch(p.c_str(), base.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {
+  std::vector<std::string> files;
+  if (!o.checkpoint_dir.empty()) {
+    if (!std::filesystem::is_directory(o.checkpoint_dir)) {
+      Fail("{}: not a folder", o.checkpoint_dir);
+    }
+    for (const std::string& f : ExpandInputs({o.checkpoint_dir})) {
+      if (!MatchesPatterns(f, o.patterns)) continue;
+      MappedFile m = MappedFile::Open(f);
+      std::optional<Format> format = DetectFormat(m.bytes());
+      if (format && *format != Format::kSafetensors) files.push_back(f);
+    }
+  }
+  for (const std::string& f : ExpandInputs(o.files)) {
+    if (MatchesPatterns(f, o.patterns) || !std::filesystem::is_directory(f)) files.push_back(f);
+  }
+  return files;
+}
+
+int RunShrink(const ShrinkCliOptions& o) {
+  if (o.checkpoint_dir.empty() && o.files.empty()) {
+    PrintError("give checkpoint files or --checkpoint_dir DIR");
+    return 2;
+  }
+  if (!o.output_dir.empty() && !o.dry_run) std::filesystem::create_directories(o.output_dir);
+  std::vector<std::string> files = CollectFiles(o);
+  if (files.empty()) {
+    PrintError("no torch checkpoints found");
+    return 1;
+  }
+  uint64_t total = 0;
+  for (const std::string& f : files) {
+    std::error_code ec;
+    total += std::filesystem::file_size(f, ec);
+  }
+  unsigned workers = static_cast<unsigned>(std::min<size_t>(std::max(1u, o.threads), files.size()));
+  ShrinkOptions so;
+  so.dry_run = o.dry_run;
+  so.output_dir = o.output_dir;
+  so.threads = std::max(1u, o.threads / workers);
+  so.allow_unsafe_globals = o.allow_unsafe_globals;
+  std::vector<ShrinkResult> results(files.size());
+  std::vector<std::string> errors(files.size());
+  {
+    Progress progress("shrink", total, !o.json && !o.dry_run && StderrIsTerminal());
+    so.bytes_done = &progress.bytes_done();
+    ParallelFor(files.size(), workers, [&](size_t i) {
+      try {
+        results[i] = ShrinkFile(files[i], so);
+      } catch (const Error& e) {
+        errors[i] = e.what();
+      } catch (const std::exception& e) {
+        errors[i] = fmt::format("{}: {}", files[i], e.what());
+      }
+      progress.FileDone();
+    });
+  }
+  uint64_t before = 0, after = 0;
+  int rc = 0;
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!errors[i].empty()) {
+      PrintError(errors[i]);
+      if (o.json) doc["files"].push_back({{"path", files[i]}, {"error", errors[i]}});
+      rc = 1;
+      continue;
+    }
+    const ShrinkResult& r = results[i];
+    before += r.before;
+    after += r.after;
+    if (o.json) {
+      doc["files"].push_back({{"path", r.path},
+                              {"output", r.output},
+                              {"before", r.before},
+                              {"after", r.after},
+                              {"saved", r.before - std::min(r.before, r.after)},
+                              {"rewritten", r.rewritten},
+                              {"note", r.note}});
+    } else if (o.debug) {
+      std::cout << fmt::format("{}: before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n", r.path,
+                               MiB(r.before), MiB(r.after), MiB(r.before - std::min(r.before, r.after)),
+                               r.note.empty() ? "" : " (" + r.note + ")");
+    }
+  }
+  uint64_t saved = before - std::min(before, after);
+  if (o.json) {
+    doc["before"] = before;
+    doc["after"] = after;
+    doc["saved"] = saved;
+    doc["dry_run"] = o.dry_run;
+    std::cout << doc.dump(1) << "\n";
+  } else {
+    std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n", MiB(before),
+                             MiB(after), MiB(saved), o.dry_run ? " (dry run: nothing written)" : "");
+  }
+  return rc;
+}
+
+}  // namespace
+
+Runner AddShrink(CLI::App& app) {
+  auto o = std::make_shared<ShrinkCliOptions>();
+  app.add_option("files", o->files, "Checkpoint files (or folders) to shrink");
+  app.add_option("--checkpoint_dir,--checkpoint-dir", o->checkpoint_dir,
+                 "Shrink every torch checkpoint below this folder (recognised by content)");
+  app.add_option("--patterns", o->patterns,
+                 "Only files whose base name matches one of these globs (quote them: 'layer*pt')");
+  app.add_flag("-d,--debug", o->debug, "Print each file's before/after/saved sizes");
+  app.add_flag("--dry-run", o->dry_run, "Compute the exact savings; write nothing");
+  app.add_option("--output-dir", o->output_dir, "Write results here; leave the originals untouched");
+  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
+  app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
+               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  return [o] { return RunShrink(*o); };
+}
+
+}  // namespace ckpt::cli

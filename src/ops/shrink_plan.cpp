@@ -1,0 +1,107 @@
+#include "ops/shrink_plan.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace ckpt {
+
+namespace {
+
+uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+OutStorage Part(size_t source, uint64_t begin, uint64_t end) {
+  OutStorage s;
+  s.source = static_cast<int32_t>(source);
+  s.begin = begin;
+  s.end = end;
+  return s;
+}
+
+}  // namespace
+
+ShrinkPlan PlanShrink(const torch::TorchFile& file) {
+  const torch::Model& m = file.model;
+  ShrinkPlan plan;
+  RewritePlan& rp = plan.rewrite;
+  rp.tensor_storage.assign(m.tensors.size(), -1);
+  rp.tensor_offset.assign(m.tensors.size(), 0);
+  rp.bare_storage.assign(m.bare_refs.size(), -1);
+
+  std::vector<std::vector<size_t>> views(m.storages.size());
+  for (size_t j = 0; j < m.tensors.size(); ++j) {
+    if (m.tensors[j].storage >= 0) views[m.tensors[j].storage].push_back(j);
+  }
+  for (size_t si = 0; si < m.storages.size(); ++si) {
+    const torch::Storage& s = m.storages[si];
+    uint64_t es = torch::ElementSize(s.dtype);
+    // [begin, end, widest element size among its views]
+    struct Range {
+      uint64_t begin, end, align;
+    };
+    std::vector<Range> ranges;
+    if (s.used_whole) ranges.push_back({0, s.nbytes, es});
+    for (size_t j : views[si]) {
+      const torch::Tensor& t = m.tensors[j];
+      if (t.numel > 0) ranges.push_back({t.byte_begin, t.byte_end, torch::ElementSize(t.dtype)});
+    }
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    size_t first = rp.storages.size();
+    for (const Range& r : ranges) {
+      if (rp.storages.size() > first && r.begin <= rp.storages.back().end) {
+        rp.storages.back().end = std::max(rp.storages.back().end, r.end);
+        continue;
+      }
+      rp.storages.push_back(Part(si, r.begin, r.end));
+    }
+    // Components start on a multiple of every element size they hold, and end on a whole
+    // element of the storage's own type.
+    for (size_t c = first; c < rp.storages.size(); ++c) {
+      uint64_t align = es;
+      for (const Range& r : ranges) {
+        if (r.begin >= rp.storages[c].begin && r.end <= rp.storages[c].end) align = std::max(align, r.align);
+      }
+      rp.storages[c].begin = AlignDown(rp.storages[c].begin, align);
+      rp.storages[c].end = std::min(AlignUp(rp.storages[c].end, es), s.nbytes);
+    }
+    if (rp.storages.size() == first) {
+      // Only empty views (or none reachable): keep an empty storage for them.
+      rp.storages.push_back(Part(si, 0, 0));
+    }
+    bool whole = rp.storages.size() == first + 1 && rp.storages[first].begin == 0 &&
+                 rp.storages[first].end == s.nbytes;
+    if (!whole) plan.changes = true;
+    for (size_t c = first; c < rp.storages.size(); ++c) {
+      plan.kept_bytes += rp.storages[c].end - rp.storages[c].begin;
+    }
+    plan.dropped_bytes += s.nbytes;
+    for (size_t j : views[si]) {
+      const torch::Tensor& t = m.tensors[j];
+      size_t c = first;
+      if (t.numel > 0) {
+        while (c + 1 < rp.storages.size() && rp.storages[c + 1].begin <= t.byte_begin) ++c;
+      }
+      rp.tensor_storage[j] = static_cast<int32_t>(c);
+      if (t.numel > 0) {
+        uint64_t delta = t.byte_begin - rp.storages[c].begin;
+        uint64_t tes = torch::ElementSize(t.dtype);
+        if (delta % tes != 0 || t.byte_end > rp.storages[c].end) {
+          Fail("internal: tensor '{}' does not fit its planned storage", t.names[0]);
+        }
+        rp.tensor_offset[j] = static_cast<int64_t>(delta / tes);
+      }
+    }
+    for (size_t k = 0; k < m.bare_refs.size(); ++k) {
+      if (m.bare_refs[k].second == static_cast<int32_t>(si)) rp.bare_storage[k] = static_cast<int32_t>(first);
+    }
+  }
+  plan.dropped_bytes -= plan.kept_bytes;
+  // Records under data/ that the pickle never names are dead bytes too.
+  for (const std::string& r : file.records) {
+    if (r.rfind(file.prefix + "/data/", 0) == 0) plan.changes = true;
+  }
+  return plan;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,290 @@
+#include "ops/torch_rewrite.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <mutex>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "io/atomic_output.h"
+#include "io/crc32.h"
+#include "io/parallel_crc.h"
+#include "pickle/graph_compare.h"
+#include "pickle/writer.h"
+
+namespace ckpt {
+
+namespace {
+
+constexpr uint64_t kPiece = 64ull << 20;
+constexpr uint64_t kMaxSmallRecord = 256ull << 20;
+
+using pickle::Kind;
+using pickle::NodeId;
+
+}  // namespace
+
+TorchRewrite::TorchRewrite(CheckpointFile& input, RewritePlan plan)
+    : in_(input), plan_(std::move(plan)) {
+  if (!in_.torch) Fail("{}: not a torch checkpoint", in_.path);
+  RewriteGraph();
+  SerializePickle();
+  LayOut();
+}
+
+void TorchRewrite::RewriteGraph() {
+  torch::Model& m = in_.torch->model;
+  pickle::Graph& g = m.graph;
+  if (plan_.tensor_storage.size() != m.tensors.size() || plan_.bare_storage.size() != m.bare_refs.size()) {
+    Fail("internal: plan does not cover every tensor");
+  }
+  NodeId tag = g.AddText(Kind::kStr, "storage");
+  for (OutStorage& s : plan_.storages) {
+    const torch::Storage& src = m.storages[s.source];
+    NodeId old_pid = g.compound(src.first_ref).args;
+    NodeId cls = g.items(old_pid)[1];
+    NodeId location = g.items(old_pid)[3];
+    uint64_t es = torch::ElementSize(src.dtype);
+    if (s.end < s.begin || (s.end - s.begin) % es != 0 || s.end > src.nbytes) {
+      Fail("internal: bad output range [{}, {}) of storage '{}'", s.begin, s.end, src.key);
+    }
+    s.key_node = g.AddText(Kind::kStr, "");
+    NodeId numel = g.AddInt(static_cast<int64_t>((s.end - s.begin) / es));
+    NodeId pid = g.AddTuple({tag, cls, s.key_node, location, numel});
+    s.persid = g.AddPersId(pid);
+  }
+  for (size_t j = 0; j < m.tensors.size(); ++j) {
+    const torch::Tensor& t = m.tensors[j];
+    if (t.storage < 0) continue;
+    NodeId offset = g.AddInt(plan_.tensor_offset[j]);
+    auto& items = g.mutable_compound(t.args).items;
+    items[0] = plan_.storages[plan_.tensor_storage[j]].persid;
+    items[1] = offset;
+  }
+  for (size_t k = 0; k < m.bare_refs.size(); ++k) {
+    NodeId pid = g.compound(plan_.storages[plan_.bare_storage[k]].persid).args;
+    g.mutable_compound(m.bare_refs[k].first).args = pid;
+  }
+}
+
+void TorchRewrite::SerializePickle() {
+  torch::Model& m = in_.torch->model;
+  pickle::Graph& g = m.graph;
+  std::unordered_map<NodeId, int32_t> owner;
+  for (size_t i = 0; i < plan_.storages.size(); ++i) owner[plan_.storages[i].persid] = static_cast<int32_t>(i);
+  for (size_t k = 0; k < m.bare_refs.size(); ++k) owner[m.bare_refs[k].first] = plan_.bare_storage[k];
+  int next = 0;
+  pickle::WriteOptions o;
+  o.protocol = std::max(2, g.protocol);
+  o.before_persid = [&](NodeId p) {
+    auto it = owner.find(p);
+    if (it == owner.end()) {
+      Fail("the pickle refers to a storage at offset {} that ckptool cannot map; refusing to "
+           "rewrite", g.at(p).stream_offset);
+    }
+    OutStorage& s = plan_.storages[it->second];
+    if (s.key.empty()) {
+      s.key = std::to_string(next++);
+      g.SetText(s.key_node, s.key);
+    }
+  };
+  pickle_ = pickle::Write(g, g.root, o);
+}
+
+void TorchRewrite::LayOut() {
+  const torch::TorchFile& tf = *in_.torch;
+  Bytes file = in_.map.bytes();
+  std::string prefix = tf.container == torch::Container::kZip ? tf.prefix : "archive";
+  uint64_t alignment = 64;
+  std::vector<std::pair<std::string, std::string>> before, after;  // metadata records
+  if (tf.archive) {
+    // Keep every record that is not a storage, in its place relative to the storages.
+    bool seen_storage = false;
+    std::string data_dir = tf.prefix + "/data/";
+    for (const zip::Entry& e : tf.archive->entries()) {
+      bool is_data = e.name.rfind(data_dir, 0) == 0;
+      if (is_data) {
+        seen_storage = true;
+        continue;  // referenced storages are rewritten, unreferenced ones are dead bytes
+      }
+      if (e.name == tf.prefix + "/data.pkl") continue;
+      std::string name = e.name.substr(std::min(e.name.size(), tf.prefix.size() + 1));
+      std::string bytes = zip::ReadRecord(file, e, kMaxSmallRecord);
+      if (name == ".storage_alignment") {
+        uint64_t a = 0;
+        std::string_view v = bytes;
+        while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.remove_suffix(1);
+        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), a);
+        if (ec != std::errc() || p != v.data() + v.size()) Fail("bad .storage_alignment record '{}'", bytes);
+        alignment = a;
+      }
+      (seen_storage ? after : before).emplace_back(name, std::move(bytes));
+    }
+  } else {
+    if (tf.byteorder == "big") before.emplace_back("byteorder", "big");
+    after.emplace_back("version", "3\n");
+  }
+
+  std::vector<zip::RecordSpec> specs;
+  auto add_small = [&](const std::string& name, std::string bytes) {
+    specs.push_back({prefix + "/" + name, bytes.size()});
+    records_.push_back({std::move(bytes), -1});
+  };
+  add_small("data.pkl", pickle_);
+  for (auto& [name, bytes] : before) add_small(name, std::move(bytes));
+  std::vector<int32_t> by_key;
+  for (size_t i = 0; i < plan_.storages.size(); ++i) {
+    if (!plan_.storages[i].key.empty()) by_key.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(by_key.begin(), by_key.end(), [&](int32_t a, int32_t b) {
+    return std::stoull(plan_.storages[a].key) < std::stoull(plan_.storages[b].key);
+  });
+  for (int32_t i : by_key) {
+    const OutStorage& s = plan_.storages[i];
+    specs.push_back({prefix + "/data/" + s.key, s.end - s.begin});
+    records_.push_back({"", i});
+  }
+  for (auto& [name, bytes] : after) add_small(name, std::move(bytes));
+  zip_ = zip::ZipPlan::Layout(specs, alignment);
+}
+
+bool TorchRewrite::SourceIsStored(const OutStorage& s, uint64_t* file_offset) const {
+  const torch::Storage& src = in_.torch->model.storages[s.source];
+  if (src.compressed) return false;
+  *file_offset = src.data_offset + s.begin;
+  return true;
+}
+
+void TorchRewrite::Write(const std::string& final_path, unsigned threads, const WriteStats& stats) {
+  const torch::TorchFile& tf = *in_.torch;
+  Bytes file = in_.map.bytes();
+  uint64_t total = zip_.total_size();
+  uint64_t free_bytes = FreeSpaceFor(final_path);
+  if (free_bytes < total) {
+    Fail("{}: the output needs {} but only {} is free there", final_path, HumanBytes(total),
+         HumanBytes(free_bytes));
+  }
+  AtomicOutput out = AtomicOutput::Create(final_path, total);
+  const auto& placed = zip_.records();
+  std::vector<uint32_t> crcs(records_.size(), 0);
+  std::vector<uint64_t> sizes(records_.size(), 0);
+  std::vector<bool> reuse(records_.size(), false);
+  for (size_t i = 0; i < records_.size(); ++i) {
+    out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
+    const Record& r = records_[i];
+    if (r.storage < 0) {
+      out.Write(placed[i].data_offset, AsBytes(r.data));
+      crcs[i] = Crc32(0, AsBytes(r.data));
+      continue;
+    }
+    const OutStorage& s = plan_.storages[r.storage];
+    const torch::Storage& src = tf.model.storages[s.source];
+    uint64_t offset;
+    if (!SourceIsStored(s, &offset)) {
+      sizes[i] = s.end > s.begin ? 1 : 0;  // one piece: the whole inflated stream
+      continue;
+    }
+    sizes[i] = s.end - s.begin;
+    if (tf.archive && s.begin == 0) {
+      const zip::Entry* e = tf.archive->Find(src.record);
+      if (e != nullptr && e->size == s.end) {
+        reuse[i] = true;
+        crcs[i] = e->crc32;
+      }
+    }
+  }
+
+  std::vector<uint32_t> data_crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
+    const OutStorage& s = plan_.storages[records_[i].storage];
+    uint64_t dst = placed[i].data_offset;
+    uint64_t src_offset;
+    uint32_t crc = 0;
+    if (SourceIsStored(s, &src_offset)) {
+      if (reuse[i]) {
+        out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
+      } else {
+        Bytes piece = Slice(file, src_offset + off, len);
+        crc = Crc32(0, piece);
+        out.Write(dst + off, piece);
+      }
+      if (stats.bytes_done) *stats.bytes_done += len;
+      return crc;
+    }
+    // Deflated source: inflate the record and keep this storage's range.
+    const torch::Storage& src = tf.model.storages[s.source];
+    const zip::Entry* e = tf.archive->Find(src.record);
+    uint64_t pos = 0;
+    zip::StreamRecord(file, *e, [&](Bytes chunk) {
+      uint64_t lo = std::max(pos, s.begin), hi = std::min(pos + chunk.size(), s.end);
+      if (lo < hi) {
+        Bytes part = chunk.subspan(lo - pos, hi - lo);
+        crc = Crc32(crc, part);
+        out.Write(dst + (lo - s.begin), part);
+        if (stats.bytes_done) *stats.bytes_done += part.size();
+      }
+      pos += chunk.size();
+    });
+    return crc;
+  });
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (records_[i].storage >= 0 && !reuse[i]) crcs[i] = data_crcs[i];
+    out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
+  }
+  out.Write(zip_.directory_offset(), AsBytes(zip_.DirectoryAndEnd(crcs)));
+  out.Sync();
+
+  MappedFile written = MappedFile::Open(out.temp_path());
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path),
+              [&] { Verify(written, threads); });
+  if (in_.map.ChangedOnDisk()) {
+    Fail("{}: the file changed while it was being processed; nothing was replaced", in_.path);
+  }
+  out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
+  out.Commit();
+}
+
+void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
+  torch::TorchFile o = torch::ReadTorchZip(out.bytes());
+  const torch::Model& a = in_.torch->model;
+  const torch::Model& b = o.model;
+  if (!b.problems.empty()) Fail("{}: {}", b.problems[0].where, b.problems[0].what);
+  std::string diff = pickle::CompareGraphs(a.graph, a.graph.root, b.graph, b.graph.root);
+  if (!diff.empty()) Fail("the written pickle differs: {}", diff);
+  if (a.tensors.size() != b.tensors.size()) {
+    Fail("{} tensors written, {} expected", b.tensors.size(), a.tensors.size());
+  }
+  for (size_t j = 0; j < a.tensors.size(); ++j) {
+    const torch::Tensor& x = a.tensors[j];
+    const torch::Tensor& y = b.tensors[j];
+    if (x.names != y.names || x.dtype != y.dtype || x.shape != y.shape || x.stride != y.stride ||
+        x.requires_grad != y.requires_grad || x.kind != y.kind) {
+      Fail("tensor '{}' changed", x.names.empty() ? "" : x.names[0]);
+    }
+    if (x.storage < 0) continue;
+    const OutStorage& s = plan_.storages[plan_.tensor_storage[j]];
+    if (b.storages[y.storage].key != s.key) Fail("tensor '{}' points at the wrong storage", x.names[0]);
+    if (x.numel > 0 && y.byte_begin + s.begin != x.byte_begin) {
+      Fail("tensor '{}' moved inside its storage", x.names[0]);
+    }
+  }
+  // Every record's bytes hash to the CRC written for it, and those CRCs came from the input's
+  // bytes (or the input's own CRC for records copied whole): the data is the input's data.
+  const auto& entries = o.archive->entries();
+  std::vector<uint64_t> sizes;
+  for (const zip::Entry& e : entries) sizes.push_back(e.size);
+  Bytes bytes = out.bytes();
+  std::vector<uint32_t> crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+    return Crc32(0, Slice(bytes, entries[i].data_offset + off, len));
+  });
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (crcs[i] != entries[i].crc32) {
+      Fail("record '{}' does not match the input's checksum (is the input corrupt? run "
+           "ckptool verify on it)", entries[i].name);
+    }
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,73 @@
+// Rewriting a torch checkpoint from a plan of output storages: the writer every
+// transform shares (shrink today; convert and strip build on the same plan).
+//
+// Data flows one way: the plan says which byte range of which input storage becomes each
+// output storage and where every tensor lands; Prepare() rewrites the object graph
+// accordingly, serialises the pickle and lays the zip out (so the exact output size is
+// known before writing); Write() fills the records in parallel into a temp file, verifies
+// it, and only then renames it over the destination.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/mapped_file.h"
+#include "ops/checkpoint_file.h"
+#include "zip/zip_writer.h"
+
+namespace ckpt {
+
+struct OutStorage {
+  int32_t source = -1;      // input storage index
+  uint64_t begin = 0;       // byte range of the input storage
+  uint64_t end = 0;
+  std::string key;          // assigned when the pickle is written ("0", "1"... in first-use order)
+  pickle::NodeId persid = pickle::kNil;
+  pickle::NodeId key_node = pickle::kNil;
+};
+
+struct RewritePlan {
+  std::vector<OutStorage> storages;
+  std::vector<int32_t> tensor_storage;  // per input tensor: output storage index
+  std::vector<int64_t> tensor_offset;   // per input tensor: new storage offset (elements)
+  std::vector<int32_t> bare_storage;    // per Model::bare_refs entry: output storage index
+};
+
+struct WriteStats {
+  std::atomic<uint64_t>* bytes_done = nullptr;  // progress counter, may be null
+};
+
+class TorchRewrite {
+ public:
+  // Rewrites `input`'s graph in place and lays out the output. Throws ckpt::Error.
+  TorchRewrite(CheckpointFile& input, RewritePlan plan);
+
+  uint64_t output_size() const { return zip_.total_size(); }
+
+  // Writes, verifies and atomically installs the output at `final_path` (which may be the
+  // input's own path). `mode_from` supplies the permissions to keep.
+  void Write(const std::string& final_path, unsigned threads, const WriteStats& stats = {});
+
+ private:
+  struct Record {
+    std::string data;        // small records: their bytes
+    int32_t storage = -1;    // storage records: index into plan_.storages
+  };
+
+  void RewriteGraph();
+  void SerializePickle();
+  void LayOut();
+  // Where the bytes of output storage i come from.
+  bool SourceIsStored(const OutStorage& s, uint64_t* file_offset) const;
+  void Verify(const MappedFile& out, unsigned threads) const;
+
+  CheckpointFile& in_;
+  RewritePlan plan_;
+  std::string pickle_;
+  std::vector<Record> records_;
+  zip::ZipPlan zip_;
+};
+
+}  // namespace ckpt

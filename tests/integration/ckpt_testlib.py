@@ -136,3 +136,82 @@ class CkptTestCase(unittest.TestCase):
         self.assertEqual(report["wasted_bytes"], report["storage_bytes"] - report["used_bytes"])
         self.assertEqual(sum(b["bytes"] for b in report["byte_map"]), report["file_bytes"])
         self.assertEqual(report["file_bytes"], os.path.getsize(report["path"]))
+
+
+def tensor_bytes(t):
+    """A tensor's values as raw bytes (bitwise, NaN-safe)."""
+    if t.is_quantized:
+        t = t.int_repr()
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same_object(test, a, b, path="<root>"):
+    """a and b (loaded by torch) are equal: same structure and values, tensors bitwise
+    with the same dtype, shape, stride, requires_grad and Parameter-ness."""
+    import numpy as np
+
+    test.assertEqual(type(a), type(b), path)
+    if isinstance(a, torch.Tensor):
+        test.assertEqual(a.dtype, b.dtype, path)
+        test.assertEqual(a.shape, b.shape, path)
+        test.assertEqual(a.stride(), b.stride(), path)
+        test.assertEqual(a.requires_grad, b.requires_grad, path)
+        test.assertEqual(tensor_bytes(a), tensor_bytes(b), path)
+    elif isinstance(a, dict):
+        test.assertEqual(list(a.keys()), list(b.keys()), path)
+        for k in a:
+            assert_same_object(test, a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        test.assertEqual(len(a), len(b), path)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_object(test, x, y, f"{path}.{i}")
+    elif isinstance(a, np.ndarray):
+        test.assertTrue(np.array_equal(a, b), path)
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        assert_same_object(test, vars(a), vars(b), path)
+    else:
+        test.assertEqual(a, b, path)
+
+
+def assert_same_aliasing(test, a, b):
+    """Tensors that shared a storage still do, at the same distance; others still don't."""
+    ta, tb = walk_tensors(a), walk_tensors(b)
+    test.assertEqual(sorted(ta), sorted(tb))
+    names = [n for n in sorted(ta) if ta[n].numel() > 0]
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            sa = storage_of(ta[x]).data_ptr() == storage_of(ta[y]).data_ptr()
+            sb = storage_of(tb[x]).data_ptr() == storage_of(tb[y]).data_ptr()
+            test.assertEqual(sa, sb, f"{x} and {y}: shared storage {sa} became {sb}")
+            if sa:
+                test.assertEqual(ta[x].storage_offset() - ta[y].storage_offset(),
+                                 tb[x].storage_offset() - tb[y].storage_offset(), f"{x} vs {y}")
+            test.assertEqual(ta[x] is ta[y], tb[x] is tb[y], f"{x} and {y}: tensor identity")
+
+
+def assert_torch_layout(test, path):
+    """The zip has torch's layout: every storage record 64-byte aligned, records data/0,
+    data/1, ... contiguous in key order (what torch >= 2.x assumes when it computes
+    offsets from .format_version), no compression, CRCs right."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        test.assertIsNone(z.testzip())
+        prefix = infos[0].filename.split("/")[0]
+        test.assertEqual(infos[0].filename, prefix + "/data.pkl")
+        data = sorted((i for i in infos if i.filename.startswith(prefix + "/data/")),
+                      key=lambda i: int(i.filename.rsplit("/", 1)[1]))
+        test.assertEqual([i.filename.rsplit("/", 1)[1] for i in data], [str(k) for k in range(len(data))])
+    with open(path, "rb") as f:
+        raw = f.read()
+    prev_end = None
+    for info in data:
+        test.assertEqual(info.compress_type, zipfile.ZIP_STORED)
+        name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+        start = info.header_offset + 30 + name_len + extra_len
+        test.assertEqual(start % 64, 0, info.filename)
+        if prev_end is not None:
+            test.assertEqual(info.header_offset, prev_end, f"{info.filename} is not contiguous")
+        prev_end = start + info.file_size + 16

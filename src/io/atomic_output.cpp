@@ -1,7 +1,9 @@
 #include "io/atomic_output.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -46,7 +48,12 @@ AtomicOutput AtomicOutput::Create(const std::string& final_path, uint64_t size) 
   if (out.fd_ < 0) FailErrno(out.temp_path_, "cannot create temp file", errno);
   out.slot_ = RegisterTempFile(out.temp_path_);
   if (size > 0) {
-    int rc = ::posix_fallocate(out.fd_, 0, static_cast<off_t>(size));
+    // Reserve the blocks so a full disk fails now, not half-way. tmpfs is the exception:
+    // there fallocate zero-fills every page up front (as mold notes, ~1.8 s for 5 GiB),
+    // and the free-space check before this call already covers it.
+    struct statfs fs {};
+    bool tmpfs = ::fstatfs(out.fd_, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+    int rc = tmpfs ? EOPNOTSUPP : ::posix_fallocate(out.fd_, 0, static_cast<off_t>(size));
     if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(out.fd_, static_cast<off_t>(size)) ? errno : 0;
     if (rc != 0) FailErrno(out.temp_path_, "cannot reserve space for the output", rc);
   }

@@ -19,7 +19,7 @@ namespace ckpt {
 
 namespace {
 
-constexpr uint64_t kPiece = 64ull << 20;
+constexpr uint64_t kPiece = 16ull << 20;  // per-thread resident bytes stay small
 constexpr uint64_t kMaxSmallRecord = 256ull << 20;
 
 using pickle::Kind;
@@ -209,6 +209,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
         Bytes piece = Slice(file, src_offset + off, len);
         crc = Crc32(0, piece);
         out.Write(dst + off, piece);
+        in_.map.Release(src_offset + off, len);  // keep RSS flat on huge files
       }
       if (stats.bytes_done) *stats.bytes_done += len;
       return crc;
@@ -277,7 +278,9 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   for (const zip::Entry& e : entries) sizes.push_back(e.size);
   Bytes bytes = out.bytes();
   std::vector<uint32_t> crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    return Crc32(0, Slice(bytes, entries[i].data_offset + off, len));
+    uint32_t crc = Crc32(0, Slice(bytes, entries[i].data_offset + off, len));
+    out.Release(entries[i].data_offset + off, len);
+    return crc;
   });
   for (size_t i = 0; i < entries.size(); ++i) {
     if (crcs[i] != entries[i].crc32) {

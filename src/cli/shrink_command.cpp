@@ -28,6 +28,7 @@ struct ShrinkCliOptions {
   std::string output_dir;
   unsigned threads = DefaultThreads();
   bool allow_unsafe_globals = false;
+  bool materialize = false;
 };
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -82,6 +83,7 @@ int RunShrink(const ShrinkCliOptions& o) {
   so.output_dir = o.output_dir;
   so.threads = std::max(1u, o.threads / workers);
   so.allow_unsafe_globals = o.allow_unsafe_globals;
+  so.materialize = o.materialize;
   std::vector<ShrinkResult> results(files.size());
   std::vector<std::string> errors(files.size());
   {
@@ -153,6 +155,9 @@ Runner AddShrink(CLI::App& app) {
   app.add_option("--output-dir", o->output_dir, "Write results here; leave the originals untouched");
   app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
   app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_flag("--materialize", o->materialize,
+               "Lay out non-contiguous views that share bytes with nothing else contiguously "
+               "when that is smaller (their strides change; off by default)");
   app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
                "Rewrite files whose pickle imports code-execution globals (they are never run)");
   return [o] { return RunShrink(*o); };

@@ -54,7 +54,7 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
     return r;
   }
   CheckRewritable(f, o);
-  ShrinkPlan plan = PlanShrink(*f.torch);
+  ShrinkPlan plan = PlanShrink(*f.torch, o.materialize);
   if (!plan.changes) {
     r.note = "nothing to drop";
     if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);

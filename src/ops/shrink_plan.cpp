@@ -19,9 +19,38 @@ OutStorage Part(size_t source, uint64_t begin, uint64_t end) {
   return s;
 }
 
+
+std::vector<int64_t> ContiguousStride(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * std::max<int64_t>(shape[d], 1);
+  return stride;
+}
+
+// Turns components holding exactly one non-contiguous view into gathers of that view.
+void Materialize(const torch::Model& m, RewritePlan& rp) {
+  std::vector<std::vector<size_t>> members(rp.storages.size());
+  for (size_t j = 0; j < m.tensors.size(); ++j) {
+    if (m.tensors[j].storage >= 0 && m.tensors[j].numel > 0) members[rp.tensor_storage[j]].push_back(j);
+  }
+  for (int32_t b : rp.bare_storage) members[b].push_back(SIZE_MAX);  // fully used: keep
+  for (size_t c = 0; c < rp.storages.size(); ++c) {
+    OutStorage& s = rp.storages[c];
+    if (members[c].size() != 1 || members[c][0] == SIZE_MAX) continue;
+    size_t j = members[c][0];
+    const torch::Tensor& t = m.tensors[j];
+    const torch::Storage& src = m.storages[t.storage];
+    uint64_t bytes = t.numel * torch::ElementSize(t.dtype);
+    if (src.compressed || bytes >= s.end - s.begin || bytes % torch::ElementSize(src.dtype)) continue;
+    s.gather_tensor = static_cast<int32_t>(j);
+    s.gather_bytes = bytes;
+    rp.tensor_offset[j] = 0;
+    rp.tensor_stride[j] = ContiguousStride(t.shape);
+  }
+}
+
 }  // namespace
 
-ShrinkPlan PlanShrink(const torch::TorchFile& file) {
+ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
   const torch::Model& m = file.model;
   ShrinkPlan plan;
   RewritePlan& rp = plan.rewrite;
@@ -94,6 +123,15 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file) {
     }
     for (size_t k = 0; k < m.bare_refs.size(); ++k) {
       if (m.bare_refs[k].second == static_cast<int32_t>(si)) rp.bare_storage[k] = static_cast<int32_t>(first);
+    }
+  }
+  rp.tensor_stride.assign(m.tensors.size(), {});
+  if (materialize) {
+    Materialize(m, rp);
+    plan.kept_bytes = 0;
+    for (const OutStorage& o : rp.storages) {
+      plan.kept_bytes += o.size();
+      if (o.gather_tensor >= 0) plan.changes = true;
     }
   }
   plan.dropped_bytes -= plan.kept_bytes;

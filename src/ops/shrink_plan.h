@@ -16,6 +16,8 @@ struct ShrinkPlan {
   uint64_t dropped_bytes = 0; // storage bytes no view reaches (plus unreferenced records)
 };
 
-ShrinkPlan PlanShrink(const torch::TorchFile& file);
+// With `materialize`, a non-contiguous view that shares its bytes with no other view is laid
+// out contiguously (its stride changes) when that takes fewer bytes than the range it spans.
+ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize = false);
 
 }  // namespace ckpt

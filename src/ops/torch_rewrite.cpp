@@ -48,11 +48,11 @@ void TorchRewrite::RewriteGraph() {
     NodeId cls = g.items(old_pid)[1];
     NodeId location = g.items(old_pid)[3];
     uint64_t es = torch::ElementSize(src.dtype);
-    if (s.end < s.begin || (s.end - s.begin) % es != 0 || s.end > src.nbytes) {
+    if (s.end < s.begin || s.size() % es != 0 || s.end > src.nbytes) {
       Fail("internal: bad output range [{}, {}) of storage '{}'", s.begin, s.end, src.key);
     }
     s.key_node = g.AddText(Kind::kStr, "");
-    NodeId numel = g.AddInt(static_cast<int64_t>((s.end - s.begin) / es));
+    NodeId numel = g.AddInt(static_cast<int64_t>(s.size() / es));
     NodeId pid = g.AddTuple({tag, cls, s.key_node, location, numel});
     s.persid = g.AddPersId(pid);
   }
@@ -60,9 +60,16 @@ void TorchRewrite::RewriteGraph() {
     const torch::Tensor& t = m.tensors[j];
     if (t.storage < 0) continue;
     NodeId offset = g.AddInt(plan_.tensor_offset[j]);
+    NodeId stride = pickle::kNil;
+    if (!plan_.tensor_stride.empty() && !plan_.tensor_stride[j].empty()) {
+      std::vector<NodeId> dims;
+      for (int64_t v : plan_.tensor_stride[j]) dims.push_back(g.AddInt(v));
+      stride = g.AddTuple(std::move(dims));
+    }
     auto& items = g.mutable_compound(t.args).items;
     items[0] = plan_.storages[plan_.tensor_storage[j]].persid;
     items[1] = offset;
+    if (stride != pickle::kNil) items[3] = stride;
   }
   for (size_t k = 0; k < m.bare_refs.size(); ++k) {
     NodeId pid = g.compound(plan_.storages[plan_.bare_storage[k]].persid).args;
@@ -144,7 +151,7 @@ void TorchRewrite::LayOut() {
   });
   for (int32_t i : by_key) {
     const OutStorage& s = plan_.storages[i];
-    specs.push_back({prefix + "/data/" + s.key, s.end - s.begin});
+    specs.push_back({prefix + "/data/" + s.key, s.size()});
     records_.push_back({"", i});
   }
   for (auto& [name, bytes] : after) add_small(name, std::move(bytes));
@@ -183,8 +190,8 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     const OutStorage& s = plan_.storages[r.storage];
     const torch::Storage& src = tf.model.storages[s.source];
     uint64_t offset;
-    if (!SourceIsStored(s, &offset)) {
-      sizes[i] = s.end > s.begin ? 1 : 0;  // one piece: the whole inflated stream
+    if (!SourceIsStored(s, &offset) || s.gather_tensor >= 0) {
+      sizes[i] = s.size() > 0 ? 1 : 0;  // one piece: the inflated stream or the gather
       continue;
     }
     sizes[i] = s.end - s.begin;
@@ -202,6 +209,11 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     uint64_t dst = placed[i].data_offset;
     uint64_t src_offset;
     uint32_t crc = 0;
+    if (s.gather_tensor >= 0) {
+      crc = WriteGathered(s, out, dst);
+      if (stats.bytes_done) *stats.bytes_done += s.size();
+      return crc;
+    }
     if (SourceIsStored(s, &src_offset)) {
       if (reuse[i]) {
         out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
@@ -260,14 +272,18 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   for (size_t j = 0; j < a.tensors.size(); ++j) {
     const torch::Tensor& x = a.tensors[j];
     const torch::Tensor& y = b.tensors[j];
-    if (x.names != y.names || x.dtype != y.dtype || x.shape != y.shape || x.stride != y.stride ||
+    const std::vector<int64_t>& stride =
+        plan_.tensor_stride.empty() || plan_.tensor_stride[j].empty() ? x.stride : plan_.tensor_stride[j];
+    if (x.names != y.names || x.dtype != y.dtype || x.shape != y.shape || stride != y.stride ||
         x.requires_grad != y.requires_grad || x.kind != y.kind) {
       Fail("tensor '{}' changed", x.names.empty() ? "" : x.names[0]);
     }
     if (x.storage < 0) continue;
     const OutStorage& s = plan_.storages[plan_.tensor_storage[j]];
     if (b.storages[y.storage].key != s.key) Fail("tensor '{}' points at the wrong storage", x.names[0]);
-    if (x.numel > 0 && y.byte_begin + s.begin != x.byte_begin) {
+    if (s.gather_tensor >= 0) {
+      if (y.byte_begin != 0) Fail("gathered tensor '{}' does not start its storage", x.names[0]);
+    } else if (x.numel > 0 && y.byte_begin + s.begin != x.byte_begin) {
       Fail("tensor '{}' moved inside its storage", x.names[0]);
     }
   }
@@ -288,6 +304,47 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
            "ckptool verify on it)", entries[i].name);
     }
   }
+}
+
+uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uint64_t dst) const {
+  const torch::Tensor& t = in_.torch->model.tensors[s.gather_tensor];
+  uint64_t src_base;
+  if (!SourceIsStored(s, &src_base)) Fail("internal: gather from a compressed record");
+  src_base -= s.begin;  // file offset of the storage's byte 0
+  Bytes file = in_.map.bytes();
+  uint64_t es = torch::ElementSize(t.dtype);
+  size_t nd = t.shape.size();
+  uint64_t inner = nd ? static_cast<uint64_t>(t.shape[nd - 1]) : 1;
+  int64_t inner_stride = nd ? t.stride[nd - 1] : 1;
+  std::vector<int64_t> index(nd, 0);
+  std::string buf;
+  uint32_t crc = 0;
+  uint64_t written = 0;
+  auto flush = [&] {
+    crc = Crc32(crc, AsBytes(buf));
+    out.Write(dst + written, AsBytes(buf));
+    written += buf.size();
+    buf.clear();
+  };
+  for (uint64_t row = 0; row < t.numel / std::max<uint64_t>(inner, 1); ++row) {
+    uint64_t elem = static_cast<uint64_t>(t.offset);
+    for (size_t d = 0; d + 1 < nd; ++d) elem += static_cast<uint64_t>(index[d] * t.stride[d]);
+    if (inner_stride == 1) {
+      buf.append(AsText(Slice(file, src_base + elem * es, inner * es)));
+    } else {
+      for (uint64_t k = 0; k < inner; ++k) {
+        buf.append(AsText(Slice(file, src_base + (elem + k * static_cast<uint64_t>(inner_stride)) * es, es)));
+      }
+    }
+    for (size_t d = nd > 0 ? nd - 1 : 0; d-- > 0;) {  // next row-major index of the outer dims
+      if (++index[d] < t.shape[d]) break;
+      index[d] = 0;
+    }
+    if (buf.size() >= (4u << 20)) flush();
+  }
+  flush();
+  if (written != s.size()) Fail("internal: gathered {} bytes, planned {}", written, s.size());
+  return crc;
 }
 
 }  // namespace ckpt

@@ -23,6 +23,12 @@ struct OutStorage {
   int32_t source = -1;      // input storage index
   uint64_t begin = 0;       // byte range of the input storage
   uint64_t end = 0;
+  // When >= 0: the storage holds this input tensor's elements gathered in row-major order
+  // (a non-contiguous view laid out contiguously) instead of the byte range.
+  int32_t gather_tensor = -1;
+  uint64_t gather_bytes = 0;
+
+  uint64_t size() const { return gather_tensor >= 0 ? gather_bytes : end - begin; }
   std::string key;          // assigned when the pickle is written ("0", "1"... in first-use order)
   pickle::NodeId persid = pickle::kNil;
   pickle::NodeId key_node = pickle::kNil;
@@ -33,6 +39,8 @@ struct RewritePlan {
   std::vector<int32_t> tensor_storage;  // per input tensor: output storage index
   std::vector<int64_t> tensor_offset;   // per input tensor: new storage offset (elements)
   std::vector<int32_t> bare_storage;    // per Model::bare_refs entry: output storage index
+  // Per input tensor: its new stride when it is gathered, else empty (stride unchanged).
+  std::vector<std::vector<int64_t>> tensor_stride;
 };
 
 struct WriteStats {
@@ -61,6 +69,8 @@ class TorchRewrite {
   void LayOut();
   // Where the bytes of output storage i come from.
   bool SourceIsStored(const OutStorage& s, uint64_t* file_offset) const;
+  // Writes the gathered elements of output storage `s` at `dst`; returns their CRC32.
+  uint32_t WriteGathered(const OutStorage& s, class AtomicOutput& out, uint64_t dst) const;
   void Verify(const MappedFile& out, unsigned threads) const;
 
   CheckpointFile& in_;

@@ -197,6 +197,28 @@ class ShrinkTest(CkptTestCase):
         self.assertTrue(f["rewritten"])
         self.assertEqual(doc["saved"], f["saved"])
 
+    def test_materialize_lays_out_lone_strided_views(self):
+        from ckpt_testlib import tensor_bytes, walk_tensors
+        p = self.path("m.pt")
+        torch.save(deepspeed_like(seed=16), p)
+        original = torch.load(p)
+        size_plain = inspect(p)["used_bytes"]
+        run("shrink", "--materialize", p)
+        shrunk = torch.load(p)
+        a, b = walk_tensors(original), walk_tensors(shrunk)
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertEqual(tensor_bytes(a[name]), tensor_bytes(b[name]), name)
+            self.assertEqual(a[name].shape, b[name].shape, name)
+        self.assertFalse(a["module.strided"].is_contiguous())
+        self.assertTrue(b["module.strided"].is_contiguous())
+        # A view that aliases another keeps its layout: it is not a lone view.
+        self.assertEqual(b["module.layers.0.w_t"].stride(), a["module.layers.0.w_t"].stride())
+        self.assertEqual(b["module.layers.0.w_t"].storage().data_ptr(),
+                         b["module.layers.0.w"].storage().data_ptr())
+        self.assertLess(inspect(p)["storage_bytes"], size_plain)
+        run("verify", p)
+
     def test_damaged_file_is_refused(self):
         p = self.path("cut.pt")
         torch.save(deepspeed_like(seed=15), p)

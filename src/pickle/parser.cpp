@@ -171,6 +171,18 @@ class Parser {
 
   void Step(uint8_t code);
 
+  // APPEND(S)/ADDITEMS/SETITEM(S): add values to the container (or object) on the stack top.
+  void Extend(const char* opname, Kind container, bool pairs, std::vector<NodeId> values) {
+    NodeId target = Top();
+    Kind k = g_.kind(target);
+    if (k != container && k != Kind::kObject) Error(fmt::format("{} on a {}", opname, KindName(k)));
+    auto& dst = pairs ? C(target).pairs : C(target).items;
+    for (NodeId v : values) {
+      dst.push_back(v);
+      Grow(target, v);
+    }
+  }
+
   ByteCursor c_;
   Limits limits_;
   Graph g_;
@@ -300,58 +312,18 @@ void Parser::Step(uint8_t code) {
     case op::kEmptySet: Push(NewSequence(Kind::kSet, {})); return;
     case op::kFrozenSet: Push(NewSequence(Kind::kFrozenSet, PopMark())); return;
 
-    case op::kAppend: {
-      NodeId v = Pop();
-      NodeId target = Top();
-      Kind k = g_.kind(target);
-      if (k != Kind::kList && k != Kind::kObject) Error(fmt::format("APPEND to a {}", KindName(k)));
-      C(target).items.push_back(v);
-      Grow(target, v);
-      return;
-    }
-    case op::kAppends: {
-      std::vector<NodeId> vs = PopMark();
-      NodeId target = Top();
-      Kind k = g_.kind(target);
-      if (k != Kind::kList && k != Kind::kObject) Error(fmt::format("APPENDS to a {}", KindName(k)));
-      for (NodeId v : vs) {
-        C(target).items.push_back(v);
-        Grow(target, v);
-      }
-      return;
-    }
-    case op::kAddItems: {
-      std::vector<NodeId> vs = PopMark();
-      NodeId target = Top();
-      Kind k = g_.kind(target);
-      if (k != Kind::kSet && k != Kind::kObject) Error(fmt::format("ADDITEMS to a {}", KindName(k)));
-      for (NodeId v : vs) {
-        C(target).items.push_back(v);
-        Grow(target, v);
-      }
-      return;
-    }
+    case op::kAppend: Extend("APPEND", Kind::kList, false, {Pop()}); return;
+    case op::kAppends: Extend("APPENDS", Kind::kList, false, PopMark()); return;
+    case op::kAddItems: Extend("ADDITEMS", Kind::kSet, false, PopMark()); return;
     case op::kSetItem: {
       NodeId v = Pop(), k = Pop();
-      NodeId target = Top();
-      Kind tk = g_.kind(target);
-      if (tk != Kind::kDict && tk != Kind::kObject) Error(fmt::format("SETITEM on a {}", KindName(tk)));
-      C(target).pairs.push_back(k);
-      C(target).pairs.push_back(v);
-      Grow(target, k);
-      Grow(target, v);
+      Extend("SETITEM", Kind::kDict, true, {k, v});
       return;
     }
     case op::kSetItems: {
       std::vector<NodeId> kvs = PopMark();
       if (kvs.size() % 2) Error("SETITEMS with an odd number of items");
-      NodeId target = Top();
-      Kind tk = g_.kind(target);
-      if (tk != Kind::kDict && tk != Kind::kObject) Error(fmt::format("SETITEMS on a {}", KindName(tk)));
-      for (NodeId v : kvs) {
-        C(target).pairs.push_back(v);
-        Grow(target, v);
-      }
+      Extend("SETITEMS", Kind::kDict, true, std::move(kvs));
       return;
     }
 

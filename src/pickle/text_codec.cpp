@@ -8,6 +8,16 @@ namespace ckpt::pickle {
 
 namespace {
 
+// Two's complement negation of a little-endian byte string, in place.
+void Negate(std::vector<uint8_t>& bytes) {
+  unsigned carry = 1;
+  for (uint8_t& b : bytes) {
+    unsigned v = static_cast<uint8_t>(~b) + carry;
+    b = static_cast<uint8_t>(v & 0xFF);
+    carry = v >> 8;
+  }
+}
+
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -39,14 +49,7 @@ bool DecimalToTwosComplement(std::string_view text, std::string& out) {
     }
   }
   mag.push_back(0);  // room for the sign bit
-  if (negative) {
-    unsigned carry = 1;
-    for (uint8_t& b : mag) {
-      unsigned v = static_cast<uint8_t>(~b) + carry;
-      b = static_cast<uint8_t>(v & 0xFF);
-      carry = v >> 8;
-    }
-  }
+  if (negative) Negate(mag);
   // Trim redundant sign bytes.
   while (mag.size() > 1) {
     uint8_t last = mag.back(), prev = mag[mag.size() - 2];
@@ -64,14 +67,7 @@ std::string TwosComplementToDecimal(std::string_view le) {
   if (le.empty()) return "0";
   std::vector<uint8_t> mag(le.begin(), le.end());
   bool negative = mag.back() & 0x80;
-  if (negative) {
-    unsigned carry = 1;
-    for (uint8_t& b : mag) {
-      unsigned v = static_cast<uint8_t>(~b) + carry;
-      b = static_cast<uint8_t>(v & 0xFF);
-      carry = v >> 8;
-    }
-  }
+  if (negative) Negate(mag);
   std::string digits;
   while (std::any_of(mag.begin(), mag.end(), [](uint8_t b) { return b != 0; })) {
     unsigned rem = 0;

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace ckpt::cli {
 
@@ -13,6 +15,11 @@ using Runner = std::function<int()>;
 Runner AddInspect(CLI::App& app);
 Runner AddVerify(CLI::App& app);
 Runner AddShrink(CLI::App& app);
+Runner AddConvert(CLI::App& app);
+
+// Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
+// values that name an existing file or folder are moved back to `paths`.
+void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& paths);
 
 // Prints "ckptool: error: <message>" to stderr.
 void PrintError(const std::string& message);

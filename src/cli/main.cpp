@@ -2,12 +2,26 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "base/error.h"
 #include "cli/commands.h"
 
 namespace ckpt::cli {
+
+void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& paths) {
+  std::vector<std::string> kept;
+  for (std::string& g : globs) {
+    std::error_code ec;
+    if (std::filesystem::exists(g, ec)) {
+      paths.push_back(std::move(g));
+    } else {
+      kept.push_back(std::move(g));
+    }
+  }
+  globs = std::move(kept);
+}
 
 void PrintError(const std::string& message) {
   std::fflush(stdout);
@@ -35,6 +49,8 @@ int main(int argc, char** argv) {
   add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
   add("shrink", "Drop storage bytes no tensor uses; rewrite safely in place or to --output-dir",
       ckpt::cli::AddShrink);
+  add("convert", "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
+      ckpt::cli::AddConvert);
 
   try {
     app.parse(argc, argv);

@@ -61,7 +61,8 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {
   return files;
 }
 
-int RunShrink(const ShrinkCliOptions& o) {
+int RunShrink(ShrinkCliOptions o) {
+  ReclaimPaths(o.patterns, o.files);
   if (o.checkpoint_dir.empty() && o.files.empty()) {
     PrintError("give checkpoint files or --checkpoint_dir DIR");
     return 2;

@@ -20,6 +20,7 @@ enum class Kernel { kScalar, kAvx2 };
 
 std::string_view KernelName(Kernel k);
 std::vector<Kernel> AvailableKernels();  // scalar first, then what this CPU runs
+// The fastest available kernel, or the one named by the CKPT_KERNEL environment variable.
 Kernel BestKernel();
 
 struct ConvertStats {

@@ -14,6 +14,7 @@
 #include "io/parallel_crc.h"
 #include "pickle/graph_compare.h"
 #include "pickle/writer.h"
+#include "torch/global_policy.h"
 
 namespace ckpt {
 
@@ -46,13 +47,21 @@ void TorchRewrite::RewriteGraph() {
     const torch::Storage& src = m.storages[s.source];
     NodeId old_pid = g.compound(src.first_ref).args;
     NodeId cls = g.items(old_pid)[1];
+    uint64_t out_es = torch::ElementSize(src.dtype);
+    if (s.convert) {
+      if (src.dtype == torch::DType::kFloat32) {
+        cls = g.AddGlobal("torch", s.to == kernels::Half::kBFloat16 ? "BFloat16Storage" : "HalfStorage");
+        out_es = 2;
+      } else if (src.dtype != torch::DType::kUntyped) {
+        Fail("internal: converting a {} storage", torch::Name(src.dtype));
+      }
+    }
     NodeId location = g.items(old_pid)[3];
-    uint64_t es = torch::ElementSize(src.dtype);
-    if (s.end < s.begin || s.size() % es != 0 || s.end > src.nbytes) {
+    if (s.end < s.begin || s.size() % out_es != 0 || s.end > src.nbytes) {
       Fail("internal: bad output range [{}, {}) of storage '{}'", s.begin, s.end, src.key);
     }
     s.key_node = g.AddText(Kind::kStr, "");
-    NodeId numel = g.AddInt(static_cast<int64_t>(s.size() / es));
+    NodeId numel = g.AddInt(static_cast<int64_t>(s.size() / out_es));
     NodeId pid = g.AddTuple({tag, cls, s.key_node, location, numel});
     s.persid = g.AddPersId(pid);
   }
@@ -66,10 +75,20 @@ void TorchRewrite::RewriteGraph() {
       for (int64_t v : plan_.tensor_stride[j]) dims.push_back(g.AddInt(v));
       stride = g.AddTuple(std::move(dims));
     }
+    const OutStorage& os = plan_.storages[plan_.tensor_storage[j]];
+    // _rebuild_tensor_v3 over an UntypedStorage names the dtype itself (argument 6).
+    NodeId dtype = pickle::kNil;
+    if (os.convert && m.storages[t.storage].dtype == torch::DType::kUntyped) {
+      dtype = g.AddGlobal("torch", os.to == kernels::Half::kBFloat16 ? "bfloat16" : "float16");
+    }
     auto& items = g.mutable_compound(t.args).items;
-    items[0] = plan_.storages[plan_.tensor_storage[j]].persid;
+    items[0] = os.persid;
     items[1] = offset;
     if (stride != pickle::kNil) items[3] = stride;
+    if (dtype != pickle::kNil) {
+      if (items.size() < 7) Fail("internal: tensor '{}' has no dtype argument", t.names[0]);
+      items[6] = dtype;
+    }
   }
   for (size_t k = 0; k < m.bare_refs.size(); ++k) {
     NodeId pid = g.compound(plan_.storages[plan_.bare_storage[k]].persid).args;
@@ -194,8 +213,8 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
       sizes[i] = s.size() > 0 ? 1 : 0;  // one piece: the inflated stream or the gather
       continue;
     }
-    sizes[i] = s.end - s.begin;
-    if (tf.archive && s.begin == 0) {
+    sizes[i] = s.size();
+    if (tf.archive && s.begin == 0 && !s.convert) {
       const zip::Entry* e = tf.archive->Find(src.record);
       if (e != nullptr && e->size == s.end) {
         reuse[i] = true;
@@ -204,8 +223,11 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     }
   }
 
+  overflow_.assign(plan_.storages.size(), 0);
+  // Pieces are in output coordinates; a converted storage reads twice as many input bytes.
   std::vector<uint32_t> data_crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
-    const OutStorage& s = plan_.storages[records_[i].storage];
+    size_t si = static_cast<size_t>(records_[i].storage);
+    const OutStorage& s = plan_.storages[si];
     uint64_t dst = placed[i].data_offset;
     uint64_t src_offset;
     uint32_t crc = 0;
@@ -215,30 +237,34 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
       return crc;
     }
     if (SourceIsStored(s, &src_offset)) {
+      uint64_t scale = s.convert ? 2 : 1;
       if (reuse[i]) {
         out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
       } else {
-        Bytes piece = Slice(file, src_offset + off, len);
-        crc = Crc32(0, piece);
-        out.Write(dst + off, piece);
-        in_.map.Release(src_offset + off, len);  // keep RSS flat on huge files
+        crc = WritePiece(si, Slice(file, src_offset + off * scale, len * scale), out, dst + off);
+        in_.map.Release(src_offset + off * scale, len * scale);  // keep RSS flat on huge files
       }
-      if (stats.bytes_done) *stats.bytes_done += len;
+      if (stats.bytes_done) *stats.bytes_done += len * scale;
       return crc;
     }
-    // Deflated source: inflate the record and keep this storage's range.
+    // Deflated source: inflate the record and keep this storage's range (whole elements:
+    // a float32 split across two inflated chunks is carried over).
     const torch::Storage& src = tf.model.storages[s.source];
     const zip::Entry* e = tf.archive->Find(src.record);
-    uint64_t pos = 0;
+    uint64_t pos = 0, written = 0;
+    std::string carry;
     zip::StreamRecord(file, *e, [&](Bytes chunk) {
       uint64_t lo = std::max(pos, s.begin), hi = std::min(pos + chunk.size(), s.end);
-      if (lo < hi) {
-        Bytes part = chunk.subspan(lo - pos, hi - lo);
-        crc = Crc32(crc, part);
-        out.Write(dst + (lo - s.begin), part);
-        if (stats.bytes_done) *stats.bytes_done += part.size();
-      }
       pos += chunk.size();
+      if (lo >= hi) return;
+      carry.append(AsText(chunk.subspan(lo - (pos - chunk.size()), hi - lo)));
+      size_t usable = s.convert ? carry.size() / 4 * 4 : carry.size();
+      uint32_t part_crc = WritePiece(si, AsBytes(std::string_view(carry).substr(0, usable)), out, dst + written);
+      uint64_t out_len = s.convert ? usable / 2 : usable;
+      crc = written ? Crc32Combine(crc, part_crc, out_len) : part_crc;
+      written += out_len;
+      carry.erase(0, usable);
+      if (stats.bytes_done) *stats.bytes_done += usable;
     });
     return crc;
   });
@@ -274,7 +300,12 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
     const torch::Tensor& y = b.tensors[j];
     const std::vector<int64_t>& stride =
         plan_.tensor_stride.empty() || plan_.tensor_stride[j].empty() ? x.stride : plan_.tensor_stride[j];
-    if (x.names != y.names || x.dtype != y.dtype || x.shape != y.shape || stride != y.stride ||
+    const OutStorage* os = x.storage >= 0 ? &plan_.storages[plan_.tensor_storage[j]] : nullptr;
+    torch::DType dtype = x.dtype;
+    if (os != nullptr && os->convert) {
+      dtype = os->to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+    }
+    if (x.names != y.names || dtype != y.dtype || x.shape != y.shape || stride != y.stride ||
         x.requires_grad != y.requires_grad || x.kind != y.kind) {
       Fail("tensor '{}' changed", x.names.empty() ? "" : x.names[0]);
     }
@@ -283,6 +314,10 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
     if (b.storages[y.storage].key != s.key) Fail("tensor '{}' points at the wrong storage", x.names[0]);
     if (s.gather_tensor >= 0) {
       if (y.byte_begin != 0) Fail("gathered tensor '{}' does not start its storage", x.names[0]);
+    } else if (s.convert) {
+      if (x.numel > 0 && y.byte_begin * 2 + s.begin != x.byte_begin) {
+        Fail("tensor '{}' moved inside its storage", x.names[0]);
+      }
     } else if (x.numel > 0 && y.byte_begin + s.begin != x.byte_begin) {
       Fail("tensor '{}' moved inside its storage", x.names[0]);
     }
@@ -345,6 +380,58 @@ uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uin
   flush();
   if (written != s.size()) Fail("internal: gathered {} bytes, planned {}", written, s.size());
   return crc;
+}
+
+uint32_t TorchRewrite::WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst) {
+  const OutStorage& s = plan_.storages[storage];
+  if (!s.convert) {
+    out.Write(dst, src);
+    return Crc32(0, src);
+  }
+  // Convert through a small per-thread buffer so memory stays flat.
+  constexpr size_t kChunk = 1 << 20;  // float32 values per step
+  thread_local std::vector<uint8_t> buf(2 * kChunk);
+  uint32_t crc = 0;
+  kernels::ConvertStats stats;
+  for (size_t done = 0; done < src.size() / 4;) {
+    size_t n = std::min(kChunk, src.size() / 4 - done);
+    kernels::ConvertFloat32(s.to, src.data() + 4 * done, buf.data(), n, stats);
+    Bytes piece(buf.data(), 2 * n);
+    crc = Crc32(crc, piece);
+    out.Write(dst + 2 * done, piece);
+    done += n;
+  }
+  if (stats.overflow) {
+    std::lock_guard<std::mutex> lock(overflow_mutex_);
+    overflow_[storage] += stats.overflow;
+  }
+  return crc;
+}
+
+// Refuses files whose rewrite could lose something or launder something.
+void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
+  const torch::Model& m = f.torch->model;
+  if (!m.problems.empty()) {
+    Fail("{}: {}: {} (run ckptool verify); not rewriting a damaged file", f.path,
+         m.problems[0].where, m.problems[0].what);
+  }
+  if (!m.notes.empty()) Fail("{}: {}; not rewriting what ckptool does not fully understand", f.path, m.notes[0]);
+  if (allow_unsafe_globals) return;
+  for (pickle::NodeId id = 0; id < m.graph.nodes.size(); ++id) {
+    if (m.graph.kind(id) == pickle::Kind::kGlobal &&
+        torch::ClassifyGlobal(m.graph.global_module(id), m.graph.global_name(id)) ==
+            torch::GlobalClass::kUnsafe) {
+      Fail("{}: the pickle imports {}, which can run code when loaded; not rewriting it "
+           "(--allow-unsafe-globals overrides)", f.path, m.graph.GlobalText(id));
+    }
+  }
+}
+
+void CopyUnchanged(const CheckpointFile& f, const std::string& dest) {
+  AtomicOutput out = AtomicOutput::Create(dest, f.map.size());
+  out.CopyFrom(f.map.fd(), 0, 0, f.map.size());
+  out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
+  out.Commit();
 }
 
 }  // namespace ckpt

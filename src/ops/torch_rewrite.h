@@ -9,11 +9,13 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "kernels/float_convert.h"
 #include "ops/checkpoint_file.h"
 #include "zip/zip_writer.h"
 
@@ -27,8 +29,13 @@ struct OutStorage {
   // (a non-contiguous view laid out contiguously) instead of the byte range.
   int32_t gather_tensor = -1;
   uint64_t gather_bytes = 0;
+  // When set: the range holds float32 values written as this 16-bit type.
+  bool convert = false;
+  kernels::Half to = kernels::Half::kBFloat16;
 
-  uint64_t size() const { return gather_tensor >= 0 ? gather_bytes : end - begin; }
+  uint64_t size() const {
+    return gather_tensor >= 0 ? gather_bytes : convert ? (end - begin) / 2 : end - begin;
+  }
   std::string key;          // assigned when the pickle is written ("0", "1"... in first-use order)
   pickle::NodeId persid = pickle::kNil;
   pickle::NodeId key_node = pickle::kNil;
@@ -53,6 +60,9 @@ class TorchRewrite {
   TorchRewrite(CheckpointFile& input, RewritePlan plan);
 
   uint64_t output_size() const { return zip_.total_size(); }
+  const RewritePlan& plan() const { return plan_; }
+  // After Write(): per output storage, finite values that overflowed to infinity.
+  const std::vector<uint64_t>& overflow() const { return overflow_; }
 
   // Writes, verifies and atomically installs the output at `final_path` (which may be the
   // input's own path). `mode_from` supplies the permissions to keep.
@@ -71,6 +81,9 @@ class TorchRewrite {
   bool SourceIsStored(const OutStorage& s, uint64_t* file_offset) const;
   // Writes the gathered elements of output storage `s` at `dst`; returns their CRC32.
   uint32_t WriteGathered(const OutStorage& s, class AtomicOutput& out, uint64_t dst) const;
+  // Writes input bytes `src` (a piece of output storage `s`) at `dst`, converted when the
+  // storage is; returns the CRC32 of what was written.
+  uint32_t WritePiece(size_t storage, Bytes src, class AtomicOutput& out, uint64_t dst);
   void Verify(const MappedFile& out, unsigned threads) const;
 
   CheckpointFile& in_;
@@ -78,6 +91,15 @@ class TorchRewrite {
   std::string pickle_;
   std::vector<Record> records_;
   zip::ZipPlan zip_;
+  std::vector<uint64_t> overflow_;
+  std::mutex overflow_mutex_;
 };
+
+// Refuses files whose rewrite could lose something (structural problems, tensor forms not
+// fully understood) or launder something (code-execution globals, unless allowed).
+void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals);
+
+// Copies the input unchanged to `dest`, atomically, keeping its mode.
+void CopyUnchanged(const CheckpointFile& f, const std::string& dest);
 
 }  // namespace ckpt

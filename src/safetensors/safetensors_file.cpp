@@ -8,18 +8,19 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "safetensors/safetensors_writer.h"
 
 namespace ckpt::safetensors {
 
 namespace {
 
-struct DTypeBits {
+struct DTypeRow {
   std::string_view name;
   uint32_t bits;
   std::string_view torch;
 };
 
-constexpr std::array<DTypeBits, 22> kDTypes = {{
+constexpr std::array<DTypeRow, 22> kDTypes = {{
     {"BOOL", 8, "bool"},        {"F4", 4, "float4_e2m1"},     {"F6_E2M3", 6, "float6_e2m3"},
     {"F6_E3M2", 6, "float6_e3m2"}, {"U8", 8, "uint8"},        {"I8", 8, "int8"},
     {"F8_E5M2", 8, "float8_e5m2"}, {"F8_E4M3", 8, "float8_e4m3fn"},
@@ -30,8 +31,8 @@ constexpr std::array<DTypeBits, 22> kDTypes = {{
     {"F64", 64, "float64"},     {"I64", 64, "int64"},         {"U64", 64, "uint64"},
 }};
 
-const DTypeBits* FindDType(std::string_view name) {
-  for (const DTypeBits& d : kDTypes) {
+const DTypeRow* FindDType(std::string_view name) {
+  for (const DTypeRow& d : kDTypes) {
     if (d.name == name) return &d;
   }
   return nullptr;
@@ -65,7 +66,7 @@ TensorEntry ReadEntry(const std::string& name, const nlohmann::json& v) {
       Fail("data_offsets is not a [begin, end] pair");
     }
     t.dtype = dtype->get<std::string>();
-    const DTypeBits* d = FindDType(t.dtype);
+    const DTypeRow* d = FindDType(t.dtype);
     if (d == nullptr) Fail("unknown dtype '{}'", t.dtype);
     t.bits = d->bits;
     t.torch_dtype = std::string(d->torch);
@@ -91,6 +92,11 @@ TensorEntry ReadEntry(const std::string& name, const nlohmann::json& v) {
 }
 
 }  // namespace
+
+uint32_t DTypeBits(const std::string& dtype) {
+  const DTypeRow* d = FindDType(dtype);
+  return d ? d->bits : 0;
+}
 
 bool LooksLikeSafetensors(Bytes file) {
   if (file.size() < 10) return false;

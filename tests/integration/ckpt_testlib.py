@@ -13,6 +13,16 @@ CKPTOOL = os.environ.get("CKPTOOL") or os.path.join(HERE, "..", "..", "build", "
 FIXTURES = os.environ.get("CKPT_FIXTURES_DIR") or os.path.join(HERE, "..", "fixtures")
 
 
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def run(*args, expect=0):
     """Runs ckptool; asserts the exit code when `expect` is not None."""
     p = subprocess.run([CKPTOOL, *map(str, args)], capture_output=True, text=True, timeout=300)

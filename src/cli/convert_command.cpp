@@ -1,0 +1,158 @@
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "io/parallel.h"
+#include "ops/convert.h"
+#include "ops/convert_tree.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct ConvertCliOptions {
+  std::vector<std::string> paths;
+  std::string dtype;
+  std::string output_dir;
+  std::string output_file;
+  std::vector<std::string> keep;
+  std::vector<std::string> only;
+  bool keep_1d = false;
+  unsigned threads = DefaultThreads();
+  bool json = false;
+  bool allow_unsafe_globals = false;
+};
+
+double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+int RunConvert(ConvertCliOptions o) {
+  ReclaimPaths(o.keep, o.paths);
+  ReclaimPaths(o.only, o.paths);
+  if (o.paths.empty()) {
+    PrintError("give checkpoint files or model folders to convert");
+    return 2;
+  }
+  ConvertOptions co;
+  co.to = o.dtype == "bf16" ? kernels::Half::kBFloat16 : kernels::Half::kFloat16;
+  co.keep = o.keep;
+  co.only = o.only;
+  co.keep_1d = o.keep_1d;
+  co.allow_unsafe_globals = o.allow_unsafe_globals;
+  ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype);
+  if (tree.checkpoints.empty()) {
+    PrintError("no checkpoints to convert");
+    return 1;
+  }
+  std::set<std::string> dirs;
+  for (const auto* jobs : {&tree.checkpoints, &tree.copies, &tree.indexes}) {
+    for (const Job& j : *jobs) dirs.insert(std::filesystem::path(j.output).parent_path().string());
+  }
+  for (const std::string& d : dirs) {
+    if (!d.empty()) std::filesystem::create_directories(d);
+  }
+  uint64_t total = 0;
+  for (const Job& j : tree.checkpoints) {
+    std::error_code ec;
+    total += std::filesystem::file_size(j.input, ec);
+  }
+  unsigned workers = static_cast<unsigned>(std::min<size_t>(std::max(1u, o.threads), tree.checkpoints.size()));
+  co.threads = std::max(1u, o.threads / workers);
+  std::vector<ConvertResult> results(tree.checkpoints.size());
+  std::vector<std::string> errors(tree.checkpoints.size());
+  {
+    Progress progress("convert", total, !o.json && StderrIsTerminal());
+    co.bytes_done = &progress.bytes_done();
+    ParallelFor(tree.checkpoints.size(), workers, [&](size_t i) {
+      try {
+        results[i] = ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
+      } catch (const Error& e) {
+        errors[i] = e.what();
+      }
+      progress.FileDone();
+    });
+  }
+  int rc = 0;
+  std::map<std::string, uint64_t> storage_bytes;
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  uint64_t before = 0, after = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!errors[i].empty()) {
+      PrintError(errors[i]);
+      if (o.json) doc["files"].push_back({{"path", tree.checkpoints[i].input}, {"error", errors[i]}});
+      rc = 1;
+      continue;
+    }
+    const ConvertResult& r = results[i];
+    storage_bytes[std::filesystem::path(r.output).filename().string()] = r.storage_bytes;
+    before += r.before;
+    after += r.after;
+    for (const std::string& w : r.warnings) std::cerr << fmt::format("ckptool: warning: {}: {}\n", r.path, w);
+    if (o.json) {
+      doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},
+                              {"after", r.after}, {"converted_tensors", r.converted},
+                              {"kept_float32_tensors", r.kept_float32}, {"warnings", r.warnings}});
+    } else {
+      std::cout << fmt::format("{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
+                               "{} float32 kept)\n", r.path, r.output, MiB(r.before), MiB(r.after),
+                               r.converted, r.kept_float32);
+    }
+  }
+  for (const Job& j : tree.copies) {
+    try {
+      CopyFile(j);
+    } catch (const Error& e) {
+      PrintError(e.what());
+      rc = 1;
+    }
+  }
+  for (const Job& j : tree.indexes) {
+    try {
+      uint64_t t = RewriteIndex(j, storage_bytes);
+      if (!o.json) std::cout << fmt::format("{} -> {}: total_size {}\n", j.input, j.output, t);
+    } catch (const Error& e) {
+      PrintError(e.what());
+      rc = 1;
+    }
+  }
+  if (o.json) {
+    doc["before"] = before;
+    doc["after"] = after;
+    doc["copied_files"] = tree.copies.size();
+    std::cout << doc.dump(1) << "\n";
+  } else {
+    std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB ({} other files copied)\n",
+                             MiB(before), MiB(after), MiB(before - std::min(before, after)), tree.copies.size());
+  }
+  return rc;
+}
+
+}  // namespace
+
+Runner AddConvert(CLI::App& app) {
+  auto o = std::make_shared<ConvertCliOptions>();
+  app.add_option("paths", o->paths, "Checkpoint files or model folders");
+  app.add_option("--dtype", o->dtype, "Target type for float32 tensors")
+      ->required()
+      ->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_option("--output-dir", o->output_dir,
+                 "Where outputs go (default for a folder: <folder>/bf16 or <folder>/fp16)");
+  app.add_option("-o,--output", o->output_file, "Output file, for a single input file");
+  app.add_option("--keep", o->keep, "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
+  app.add_option("--only", o->only, "Convert only tensors whose name matches one of these globs");
+  app.add_flag("--keep-1d", o->keep_1d, "Keep 1-D tensors (norms, biases) in float32");
+  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
+  app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
+               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  return [o] { return RunConvert(*o); };
+}
+
+}  // namespace ckpt::cli

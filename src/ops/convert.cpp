@@ -1,0 +1,235 @@
+#include "ops/convert.h"
+
+#include <fmt/format.h>
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+
+#include "base/error.h"
+#include "io/atomic_output.h"
+#include "io/crc32.h"
+#include "io/parallel_crc.h"
+#include "ops/checkpoint_file.h"
+#include "ops/shrink_plan.h"
+#include "ops/torch_rewrite.h"
+#include "safetensors/safetensors_writer.h"
+
+namespace ckpt {
+
+namespace {
+
+constexpr uint64_t kPiece = 16ull << 20;
+
+bool MatchesAny(const std::string& name, const std::vector<std::string>& globs) {
+  for (const std::string& g : globs) {
+    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+std::string JoinNames(const std::vector<std::string>& names, size_t max = 3) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > max) s += fmt::format(" and {} more", names.size() - max);
+  return s;
+}
+
+// ---- torch ----
+
+ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const ConvertOptions& o,
+                           ConvertResult r) {
+  CheckRewritable(f, o.allow_unsafe_globals);
+  const torch::Model& m = f.torch->model;
+  ShrinkPlan plan = PlanShrink(*f.torch);
+  RewritePlan& rp = plan.rewrite;
+  std::vector<std::vector<size_t>> members(rp.storages.size());
+  for (size_t j = 0; j < m.tensors.size(); ++j) {
+    if (m.tensors[j].storage >= 0) members[rp.tensor_storage[j]].push_back(j);
+  }
+  std::vector<bool> bare(rp.storages.size(), false);
+  for (int32_t b : rp.bare_storage) bare[b] = true;
+  bool any = false;
+  for (size_t c = 0; c < rp.storages.size(); ++c) {
+    OutStorage& s = rp.storages[c];
+    const torch::Storage& src = m.storages[s.source];
+    std::vector<std::string> yes, no;
+    bool float32 = !members[c].empty();
+    for (size_t j : members[c]) {
+      const torch::Tensor& t = m.tensors[j];
+      if (t.dtype != torch::DType::kFloat32) float32 = false;
+      (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).push_back(t.names[0]);
+    }
+    bool typed_ok = src.dtype == torch::DType::kFloat32 ||
+                    (src.dtype == torch::DType::kUntyped && s.begin % 4 == 0 && (s.end - s.begin) % 4 == 0);
+    if (!float32 || !typed_ok || bare[c] || src.compressed) {
+      continue;
+    }
+    if (yes.empty()) {
+      r.kept_float32 += no.size();
+      continue;
+    }
+    if (!no.empty()) {
+      r.warnings.push_back(fmt::format("{} and {} share a storage; kept as float32 so they still alias",
+                                       JoinNames(yes), JoinNames(no)));
+      r.kept_float32 += yes.size() + no.size();
+      continue;
+    }
+    s.convert = true;
+    s.to = o.to;
+    r.converted += yes.size();
+    any = true;
+  }
+  if (!any && !plan.changes) {
+    CopyUnchanged(f, output);
+    for (const OutStorage& s : rp.storages) r.storage_bytes += s.size();
+    r.after = r.before;
+    return r;
+  }
+  TorchRewrite rewrite(f, std::move(plan.rewrite));
+  WriteStats stats;
+  stats.bytes_done = o.bytes_done;
+  rewrite.Write(output, o.threads, stats);
+  r.after = rewrite.output_size();
+  for (size_t c = 0; c < rewrite.plan().storages.size(); ++c) {
+    const OutStorage& s = rewrite.plan().storages[c];
+    if (!s.key.empty()) r.storage_bytes += s.size();
+    if (rewrite.overflow()[c]) {
+      std::vector<std::string> names;
+      for (size_t j : members[c]) names.push_back(m.tensors[j].names[0]);
+      r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",
+                                       JoinNames(names), rewrite.overflow()[c]));
+    }
+  }
+  return r;
+}
+
+// ---- safetensors ----
+
+struct StPlan {
+  const safetensors::TensorEntry* in;
+  safetensors::OutTensor out;
+  bool convert = false;
+  uint32_t crc = 0;
+  uint64_t overflow = 0;
+};
+
+ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, const ConvertOptions& o,
+                                 ConvertResult r) {
+  const safetensors::File& st = *f.st;
+  std::vector<StPlan> plan;
+  for (const safetensors::TensorEntry& e : st.tensors) {
+    StPlan p;
+    p.in = &e;
+    p.out = {e.name, e.dtype, e.shape, e.end - e.begin};
+    if (e.dtype == "F32") {
+      if (SelectedForConversion({e.name}, e.shape.size(), o)) {
+        p.convert = true;
+        p.out.dtype = o.to == kernels::Half::kBFloat16 ? "BF16" : "F16";
+        p.out.size /= 2;
+        r.converted++;
+      } else {
+        r.kept_float32++;
+      }
+    }
+    plan.push_back(std::move(p));
+  }
+  // Wider elements first keeps every tensor aligned to its element size.
+  std::stable_sort(plan.begin(), plan.end(), [](const StPlan& a, const StPlan& b) {
+    return safetensors::DTypeBits(a.out.dtype) > safetensors::DTypeBits(b.out.dtype);
+  });
+  std::vector<safetensors::OutTensor> outs;
+  for (const StPlan& p : plan) outs.push_back(p.out);
+  safetensors::Layout layout = safetensors::LayOut(outs, st.metadata);
+  uint64_t free_bytes = FreeSpaceFor(output);
+  if (free_bytes < layout.total_size) Fail("{}: not enough free space for the output", output);
+  AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
+  out.Write(0, AsBytes(layout.header));
+  Bytes file = f.map.bytes();
+  std::vector<uint64_t> sizes;
+  for (const StPlan& p : plan) sizes.push_back(p.out.size);
+  std::mutex mutex;
+  std::vector<uint32_t> crcs = ParallelCrc(sizes, o.threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+    StPlan& p = plan[i];
+    uint64_t scale = p.convert ? 2 : 1;
+    Bytes src = Slice(file, st.data_offset + p.in->begin + off * scale, len * scale);
+    uint32_t crc = 0;
+    if (!p.convert) {
+      out.Write(layout.offsets[i] + off, src);
+      crc = Crc32(0, src);
+    } else {
+      constexpr size_t kChunk = 1 << 20;
+      thread_local std::vector<uint8_t> buf(2 * kChunk);
+      kernels::ConvertStats cs;
+      for (size_t done = 0; done < src.size() / 4;) {
+        size_t n = std::min(kChunk, src.size() / 4 - done);
+        kernels::ConvertFloat32(o.to, src.data() + 4 * done, buf.data(), n, cs);
+        Bytes piece(buf.data(), 2 * n);
+        crc = done ? Crc32Combine(crc, Crc32(0, piece), piece.size()) : Crc32(0, piece);
+        out.Write(layout.offsets[i] + off + 2 * done, piece);
+        done += n;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      p.overflow += cs.overflow;
+    }
+    f.map.Release(st.data_offset + p.in->begin + off * scale, len * scale);
+    if (o.bytes_done) *o.bytes_done += len * scale;
+    return crc;
+  });
+  out.Sync();
+  // Verify: the new file passes the reader's rules, and every tensor's bytes hash to what
+  // was computed from the input while writing.
+  MappedFile written = MappedFile::Open(out.temp_path());
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was written", f.path), [&] {
+    safetensors::File back = safetensors::Parse(written.bytes());
+    if (back.tensors.size() != plan.size()) Fail("tensor count differs");
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const safetensors::TensorEntry& e = back.tensors[i];
+      if (e.name != plan[i].out.name || e.dtype != plan[i].out.dtype || e.shape != plan[i].out.shape) {
+        Fail("tensor '{}' changed", plan[i].out.name);
+      }
+      uint32_t crc = Crc32(0, Slice(written.bytes(), back.data_offset + e.begin, e.end - e.begin));
+      if (crc != crcs[i]) Fail("tensor '{}' does not hold the bytes written", e.name);
+    }
+  });
+  out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
+  out.Commit();
+  r.after = layout.total_size;
+  for (const StPlan& p : plan) {
+    r.storage_bytes += p.out.size;
+    if (p.overflow) {
+      r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",
+                                       p.out.name, p.overflow));
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+bool SelectedForConversion(const std::vector<std::string>& names, size_t rank, const ConvertOptions& o) {
+  if (o.keep_1d && rank == 1) return false;
+  bool only = o.only.empty();
+  for (const std::string& n : names) {
+    if (MatchesAny(n, o.keep)) return false;
+    if (!only && MatchesAny(n, o.only)) only = true;
+  }
+  return only;
+}
+
+ConvertResult ConvertFile(const std::string& path, const std::string& output, const ConvertOptions& o) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(path, output, ec)) {
+    Fail("{}: convert never overwrites its input; choose another output", path);
+  }
+  ConvertResult r;
+  r.path = path;
+  r.output = output;
+  CheckpointFile f = OpenCheckpoint(path);
+  r.before = f.map.size();
+  if (f.torch) return ConvertTorch(f, output, o, std::move(r));
+  return ConvertSafetensors(f, output, o, std::move(r));
+}
+
+}  // namespace ckpt

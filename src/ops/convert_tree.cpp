@@ -1,0 +1,106 @@
+#include "ops/convert_tree.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "base/error.h"
+#include "io/atomic_output.h"
+#include "io/mapped_file.h"
+#include "ops/checkpoint_file.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool IsIndex(const fs::path& p) {
+  std::string name = p.filename().string();
+  return name.size() > 11 && name.ends_with(".index.json");
+}
+
+}  // namespace
+
+ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::string& output_dir,
+                            const std::string& output_file, const std::string& dtype_name) {
+  ConvertTree t;
+  if (!output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
+    Fail("-o names one output file: give exactly one input file");
+  }
+  for (const std::string& path : paths) {
+    if (!fs::is_directory(path)) {
+      if (!output_file.empty()) {
+        t.checkpoints.push_back({path, output_file});
+      } else if (!output_dir.empty()) {
+        t.checkpoints.push_back({path, (fs::path(output_dir) / fs::path(path).filename()).string()});
+      } else {
+        Fail("{}: give --output-dir DIR or -o FILE for a single file", path);
+      }
+      continue;
+    }
+    fs::path out = output_dir.empty() ? fs::path(path) / dtype_name : fs::path(output_dir);
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(path)) {
+      if (e.is_regular_file() && !e.is_symlink()) entries.push_back(e.path());
+    }
+    std::sort(entries.begin(), entries.end());
+    for (const fs::path& p : entries) {
+      Job job{p.string(), (out / p.filename()).string()};
+      if (IsIndex(p)) {
+        t.indexes.push_back(job);
+        continue;
+      }
+      MappedFile m = MappedFile::Open(p.string());
+      if (DetectFormat(m.bytes())) {
+        t.checkpoints.push_back(job);
+      } else {
+        t.copies.push_back(job);
+      }
+    }
+  }
+  return t;
+}
+
+void CopyFile(const Job& job) {
+  MappedFile in = MappedFile::Open(job.input);
+  AtomicOutput out = AtomicOutput::Create(job.output, in.size());
+  out.CopyFrom(in.fd(), 0, 0, in.size());
+  out.SetMode(in.mode(), in.uid(), in.gid());
+  out.Commit();
+}
+
+uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& storage_bytes) {
+  MappedFile in = MappedFile::Open(job.input);
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(AsText(in.bytes()));
+  } catch (const nlohmann::json::exception& e) {
+    Fail("{}: not valid JSON: {}", job.input, e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    Fail("{}: no weight_map: not a checkpoint index", job.input);
+  }
+  std::set<std::string> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (file.is_string()) shards.insert(file.get<std::string>());
+  }
+  uint64_t total = 0;
+  for (const std::string& s : shards) {
+    auto it = storage_bytes.find(s);
+    if (it == storage_bytes.end()) Fail("{}: names shard '{}', which was not converted", job.input, s);
+    total += it->second;
+  }
+  if (!j.contains("metadata") || !j["metadata"].is_object()) j["metadata"] = nlohmann::ordered_json::object();
+  j["metadata"]["total_size"] = total;
+  std::string text = j.dump(2) + "\n";
+  AtomicOutput out = AtomicOutput::Create(job.output, text.size());
+  out.Write(0, AsBytes(text));
+  out.SetMode(in.mode(), in.uid(), in.gid());
+  out.Commit();
+  return total;
+}
+
+}  // namespace ckpt

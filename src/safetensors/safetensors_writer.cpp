@@ -1,0 +1,38 @@
+#include "safetensors/safetensors_writer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/endian.h"
+#include "base/error.h"
+#include "safetensors/safetensors_file.h"
+
+namespace ckpt::safetensors {
+
+Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::string> metadata) {
+  metadata.emplace("format", "pt");
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  h["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const OutTensor& t : tensors) {
+    if (t.name == "__metadata__") Fail("a tensor cannot be named __metadata__");
+    if (h.contains(t.name)) Fail("tensor name '{}' appears twice", t.name);
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
+    offset += t.size;
+  }
+  std::string json = h.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  if (json.size() > kMaxHeaderSize) Fail("safetensors header would be {} bytes, over the limit", json.size());
+  Layout l;
+  AppendLE<uint64_t>(l.header, json.size());
+  l.header += json;
+  uint64_t data = l.header.size();
+  offset = 0;
+  for (const OutTensor& t : tensors) {
+    l.offsets.push_back(data + offset);
+    offset += t.size;
+  }
+  l.total_size = data + offset;
+  return l;
+}
+
+}  // namespace ckpt::safetensors

@@ -71,6 +71,11 @@ void MappedFile::Reset() {
   fd_ = -1;
 }
 
+MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
+    : f_(f), offset_(offset), size_(size), bytes_(Slice(f.bytes(), offset, size)) {
+  f.Populate(offset, size);
+}
+
 bool MappedFile::ChangedOnDisk() const {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) return true;
@@ -82,6 +87,15 @@ void MappedFile::AdviseSequential(uint64_t offset, uint64_t size) const {
   if (data_ == nullptr || size == 0) return;
   uint64_t start = offset & ~(kPageSize - 1);
   ::madvise(const_cast<uint8_t*>(data_) + start, offset + size - start, MADV_SEQUENTIAL);
+}
+
+void MappedFile::Populate(uint64_t offset, uint64_t size) const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;
+#endif
+  if (data_ == nullptr || size == 0) return;
+  uint64_t start = offset & ~(kPageSize - 1);
+  ::madvise(const_cast<uint8_t*>(data_) + start, offset + size - start, MADV_POPULATE_READ);
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t size) const {

@@ -146,14 +146,14 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
   if (free_bytes < layout.total_size) Fail("{}: not enough free space for the output", output);
   AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
   out.Write(0, AsBytes(layout.header));
-  Bytes file = f.map.bytes();
   std::vector<uint64_t> sizes;
   for (const StPlan& p : plan) sizes.push_back(p.out.size);
   std::mutex mutex;
   std::vector<uint32_t> crcs = ParallelCrc(sizes, o.threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
     StPlan& p = plan[i];
     uint64_t scale = p.convert ? 2 : 1;
-    Bytes src = Slice(file, st.data_offset + p.in->begin + off * scale, len * scale);
+    MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
+    Bytes src = window.bytes();
     uint32_t crc = 0;
     if (!p.convert) {
       out.Write(layout.offsets[i] + off, src);
@@ -173,7 +173,6 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
       std::lock_guard<std::mutex> lock(mutex);
       p.overflow += cs.overflow;
     }
-    f.map.Release(st.data_offset + p.in->begin + off * scale, len * scale);
     if (o.bytes_done) *o.bytes_done += len * scale;
     return crc;
   });

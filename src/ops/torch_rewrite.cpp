@@ -241,8 +241,8 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
       if (reuse[i]) {
         out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
       } else {
-        crc = WritePiece(si, Slice(file, src_offset + off * scale, len * scale), out, dst + off);
-        in_.map.Release(src_offset + off * scale, len * scale);  // keep RSS flat on huge files
+        MappedFile::Window window(in_.map, src_offset + off * scale, len * scale);
+        crc = WritePiece(si, window.bytes(), out, dst + off);
       }
       if (stats.bytes_done) *stats.bytes_done += len * scale;
       return crc;
@@ -327,11 +327,9 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   const auto& entries = o.archive->entries();
   std::vector<uint64_t> sizes;
   for (const zip::Entry& e : entries) sizes.push_back(e.size);
-  Bytes bytes = out.bytes();
   std::vector<uint32_t> crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    uint32_t crc = Crc32(0, Slice(bytes, entries[i].data_offset + off, len));
-    out.Release(entries[i].data_offset + off, len);
-    return crc;
+    MappedFile::Window window(out, entries[i].data_offset + off, len);
+    return Crc32(0, window.bytes());
   });
   for (size_t i = 0; i < entries.size(); ++i) {
     if (crcs[i] != entries[i].crc32) {

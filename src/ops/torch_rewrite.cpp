@@ -13,6 +13,7 @@
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "pickle/graph_compare.h"
+#include "ops/tensor_bytes.h"
 #include "pickle/writer.h"
 #include "torch/global_policy.h"
 
@@ -340,42 +341,13 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
 }
 
 uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uint64_t dst) const {
-  const torch::Tensor& t = in_.torch->model.tensors[s.gather_tensor];
-  uint64_t src_base;
-  if (!SourceIsStored(s, &src_base)) Fail("internal: gather from a compressed record");
-  src_base -= s.begin;  // file offset of the storage's byte 0
-  Bytes file = in_.map.bytes();
-  uint64_t es = torch::ElementSize(t.dtype);
-  size_t nd = t.shape.size();
-  uint64_t inner = nd ? static_cast<uint64_t>(t.shape[nd - 1]) : 1;
-  int64_t inner_stride = nd ? t.stride[nd - 1] : 1;
-  std::vector<int64_t> index(nd, 0);
-  std::string buf;
   uint32_t crc = 0;
   uint64_t written = 0;
-  auto flush = [&] {
-    crc = Crc32(crc, AsBytes(buf));
-    out.Write(dst + written, AsBytes(buf));
-    written += buf.size();
-    buf.clear();
-  };
-  for (uint64_t row = 0; row < t.numel / std::max<uint64_t>(inner, 1); ++row) {
-    uint64_t elem = static_cast<uint64_t>(t.offset);
-    for (size_t d = 0; d + 1 < nd; ++d) elem += static_cast<uint64_t>(index[d] * t.stride[d]);
-    if (inner_stride == 1) {
-      buf.append(AsText(Slice(file, src_base + elem * es, inner * es)));
-    } else {
-      for (uint64_t k = 0; k < inner; ++k) {
-        buf.append(AsText(Slice(file, src_base + (elem + k * static_cast<uint64_t>(inner_stride)) * es, es)));
-      }
-    }
-    for (size_t d = nd > 0 ? nd - 1 : 0; d-- > 0;) {  // next row-major index of the outer dims
-      if (++index[d] < t.shape[d]) break;
-      index[d] = 0;
-    }
-    if (buf.size() >= (4u << 20)) flush();
-  }
-  flush();
+  StreamTensorBytes(in_.map, *in_.torch, in_.torch->model.tensors[s.gather_tensor], [&](Bytes piece) {
+    crc = Crc32(crc, piece);
+    out.Write(dst + written, piece);
+    written += piece.size();
+  });
   if (written != s.size()) Fail("internal: gathered {} bytes, planned {}", written, s.size());
   return crc;
 }

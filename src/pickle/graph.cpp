@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "pickle/text_codec.h"
 
 namespace ckpt::pickle {
 
@@ -65,6 +66,22 @@ std::string Graph::Describe(NodeId id) const {
     case Kind::kStr: return std::string(text(id));
     case Kind::kGlobal: return GlobalText(id);
     default: return fmt::format("<{}>", KindName(n.kind));
+  }
+}
+
+std::string Graph::KeyText(NodeId k) const {
+  switch (kind(k)) {
+    case Kind::kStr: return std::string(text(k));
+    case Kind::kBigInt: return TwosComplementToDecimal(text(k));
+    case Kind::kTuple: {
+      std::string s = "(";
+      for (size_t i = 0; i < items(k).size(); ++i) {
+        if (i) s += ", ";
+        s += KeyText(items(k)[i]);
+      }
+      return s + ")";
+    }
+    default: return Describe(k);
   }
 }
 

@@ -101,6 +101,9 @@ class Graph {
   size_t ArgCount(NodeId id) const;
   // Short human description of a scalar node (for names and messages).
   std::string Describe(NodeId id) const;
+  // A dict key as it appears in a tensor name: strings as is, ints in decimal, tuples as
+  // "(a, b)".
+  std::string KeyText(NodeId key) const;
 
   // ---- building (the parser, and transforms that rewrite a checkpoint) ----
   NodeId Add(Kind kind, uint64_t stream_offset = 0);

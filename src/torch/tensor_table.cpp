@@ -25,7 +25,6 @@
 
 #include "base/checked.h"
 #include "base/error.h"
-#include "pickle/text_codec.h"
 #include "torch/model.h"
 #include "torch/storage_ref.h"
 
@@ -70,22 +69,6 @@ class Walker {
     path.append(part);
   }
 
-  std::string KeyText(NodeId k) const {
-    switch (g_.kind(k)) {
-      case Kind::kStr: return std::string(g_.text(k));
-      case Kind::kBigInt: return pickle::TwosComplementToDecimal(g_.text(k));
-      case Kind::kTuple: {
-        std::string s = "(";
-        for (size_t i = 0; i < g_.items(k).size(); ++i) {
-          if (i) s += ", ";
-          s += KeyText(g_.items(k)[i]);
-        }
-        return s + ")";
-      }
-      default: return g_.Describe(k);
-    }
-  }
-
   void Visit(NodeId n, std::string& path, uint32_t depth) {
     if (n == kNil) return;
     if (++visits_ > kMaxPaths) {
@@ -110,7 +93,7 @@ class Walker {
       Visit(id, path, depth + 1);
       path.resize(base);
     };
-    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2) child(c.pairs[i + 1], KeyText(c.pairs[i]));
+    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2) child(c.pairs[i + 1], g_.KeyText(c.pairs[i]));
     for (size_t i = 0; i < c.items.size(); ++i) child(c.items[i], std::to_string(i));
     if (k == Kind::kObject) {
       for (NodeId state : c.states) VisitState(state, path, depth);

@@ -12,6 +12,7 @@
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "ops/checkpoint_file.h"
+#include "ops/piece_writer.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 #include "safetensors/safetensors_writer.h"
@@ -154,24 +155,12 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
     uint64_t scale = p.convert ? 2 : 1;
     MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
     Bytes src = window.bytes();
-    uint32_t crc = 0;
-    if (!p.convert) {
-      out.Write(layout.offsets[i] + off, src);
-      crc = Crc32(0, src);
-    } else {
-      constexpr size_t kChunk = 1 << 20;
-      thread_local std::vector<uint8_t> buf(2 * kChunk);
-      kernels::ConvertStats cs;
-      for (size_t done = 0; done < src.size() / 4;) {
-        size_t n = std::min(kChunk, src.size() / 4 - done);
-        kernels::ConvertFloat32(o.to, src.data() + 4 * done, buf.data(), n, cs);
-        Bytes piece(buf.data(), 2 * n);
-        crc = done ? Crc32Combine(crc, Crc32(0, piece), piece.size()) : Crc32(0, piece);
-        out.Write(layout.offsets[i] + off + 2 * done, piece);
-        done += n;
-      }
+    uint64_t overflow = 0;
+    uint32_t crc = WritePiece(out, layout.offsets[i] + off, src, p.convert ? std::optional(o.to) : std::nullopt,
+                              &overflow);
+    if (overflow) {
       std::lock_guard<std::mutex> lock(mutex);
-      p.overflow += cs.overflow;
+      p.overflow += overflow;
     }
     if (o.bytes_done) *o.bytes_done += len * scale;
     return crc;

@@ -13,6 +13,7 @@
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "pickle/graph_compare.h"
+#include "ops/piece_writer.h"
 #include "ops/tensor_bytes.h"
 #include "pickle/writer.h"
 #include "torch/global_policy.h"
@@ -354,31 +355,15 @@ uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uin
 
 uint32_t TorchRewrite::WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst) {
   const OutStorage& s = plan_.storages[storage];
-  if (!s.convert) {
-    out.Write(dst, src);
-    return Crc32(0, src);
-  }
-  // Convert through a small per-thread buffer so memory stays flat.
-  constexpr size_t kChunk = 1 << 20;  // float32 values per step
-  thread_local std::vector<uint8_t> buf(2 * kChunk);
-  uint32_t crc = 0;
-  kernels::ConvertStats stats;
-  for (size_t done = 0; done < src.size() / 4;) {
-    size_t n = std::min(kChunk, src.size() / 4 - done);
-    kernels::ConvertFloat32(s.to, src.data() + 4 * done, buf.data(), n, stats);
-    Bytes piece(buf.data(), 2 * n);
-    crc = Crc32(crc, piece);
-    out.Write(dst + 2 * done, piece);
-    done += n;
-  }
-  if (stats.overflow) {
+  uint64_t overflow = 0;
+  uint32_t crc = ckpt::WritePiece(out, dst, src, s.convert ? std::optional(s.to) : std::nullopt, &overflow);
+  if (overflow) {
     std::lock_guard<std::mutex> lock(overflow_mutex_);
-    overflow_[storage] += stats.overflow;
+    overflow_[storage] += overflow;
   }
   return crc;
 }
 
-// Refuses files whose rewrite could lose something or launder something.
 void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
   const torch::Model& m = f.torch->model;
   if (!m.problems.empty()) {

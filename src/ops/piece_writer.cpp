@@ -1,0 +1,33 @@
+#include "ops/piece_writer.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "io/crc32.h"
+
+namespace ckpt {
+
+uint32_t WritePiece(const AtomicOutput& out, uint64_t dst, Bytes src,
+                    std::optional<kernels::Half> to, uint64_t* overflow) {
+  if (!to) {
+    out.Write(dst, src);
+    return Crc32(0, src);
+  }
+  // Convert through a small per-thread buffer so memory stays flat.
+  constexpr size_t kChunk = 1 << 20;  // float32 values per step
+  thread_local std::vector<uint8_t> buf(2 * kChunk);
+  uint32_t crc = 0;
+  kernels::ConvertStats stats;
+  for (size_t done = 0; done < src.size() / 4;) {
+    size_t n = std::min(kChunk, src.size() / 4 - done);
+    kernels::ConvertFloat32(*to, src.data() + 4 * done, buf.data(), n, stats);
+    Bytes piece(buf.data(), 2 * n);
+    crc = Crc32(crc, piece);
+    out.Write(dst + 2 * done, piece);
+    done += n;
+  }
+  if (overflow) *overflow += stats.overflow;
+  return crc;
+}
+
+}  // namespace ckpt

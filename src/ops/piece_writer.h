@@ -1,0 +1,20 @@
+// Writing one piece of tensor data into an output file, converted from float32 on the way
+// when asked, with the CRC32 of what was written. Shared by every writer (torch rewrite,
+// safetensors convert, export).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "base/byte_cursor.h"
+#include "io/atomic_output.h"
+#include "kernels/float_convert.h"
+
+namespace ckpt {
+
+// Writes `src` at `dst`; with `to`, src holds float32 values and half as many bytes are
+// written. Adds float16 overflows to *overflow. Returns the CRC32 of the bytes written.
+uint32_t WritePiece(const AtomicOutput& out, uint64_t dst, Bytes src,
+                    std::optional<kernels::Half> to, uint64_t* overflow);
+
+}  // namespace ckpt

@@ -16,6 +16,8 @@ Runner AddInspect(CLI::App& app);
 Runner AddVerify(CLI::App& app);
 Runner AddShrink(CLI::App& app);
 Runner AddConvert(CLI::App& app);
+Runner AddExport(CLI::App& app);
+Runner AddStrip(CLI::App& app);
 
 // Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
 // values that name an existing file or folder are moved back to `paths`.

@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
       ckpt::cli::AddShrink);
   add("convert", "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
       ckpt::cli::AddConvert);
+  add("export", "Write a checkpoint's tensors as safetensors (optionally bf16/fp16, sharded)",
+      ckpt::cli::AddExport);
+  add("strip", "Remove optimizer/scheduler/RNG state (or --drop paths) from checkpoints",
+      ckpt::cli::AddStrip);
 
   try {
     app.parse(argc, argv);

@@ -65,7 +65,8 @@ AtomicOutput::AtomicOutput(AtomicOutput&& other) noexcept
       temp_path_(std::move(other.temp_path_)),
       fd_(std::exchange(other.fd_, -1)),
       slot_(std::exchange(other.slot_, -1)),
-      committed_(std::exchange(other.committed_, true)) {}
+      committed_(std::exchange(other.committed_, true)),
+      mode_set_(other.mode_set_) {}
 
 AtomicOutput::~AtomicOutput() { Discard(); }
 
@@ -116,12 +117,27 @@ void AtomicOutput::Sync() const {
   if (::fsync(fd_) != 0) FailErrno(temp_path_, "fsync failed", errno);
 }
 
-void AtomicOutput::SetMode(mode_t mode, uid_t uid, gid_t gid) const {
+namespace {
+
+mode_t DefaultMode() {
+  static const mode_t mode = [] {
+    mode_t mask = ::umask(022);  // read the umask (once, at first use) ...
+    ::umask(mask);               // ... and put it back
+    return static_cast<mode_t>(0666 & ~mask);
+  }();
+  return mode;
+}
+
+}  // namespace
+
+void AtomicOutput::SetMode(mode_t mode, uid_t uid, gid_t gid) {
+  mode_set_ = true;
   if (::fchown(fd_, uid, gid) != 0 && errno != EPERM) FailErrno(temp_path_, "chown failed", errno);
   if (::fchmod(fd_, mode & 07777) != 0) FailErrno(temp_path_, "chmod failed", errno);
 }
 
 void AtomicOutput::Commit() {
+  if (!mode_set_ && ::fchmod(fd_, DefaultMode()) != 0) FailErrno(temp_path_, "chmod failed", errno);
   Sync();
   if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
     FailErrno(final_path_, "cannot replace", errno);

@@ -35,8 +35,9 @@ class AtomicOutput {
   void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) const;
 
   void Sync() const;
-  // Gives the file this mode (and owner, when allowed) before it becomes visible.
-  void SetMode(mode_t mode, uid_t uid, gid_t gid) const;
+  // Gives the file this mode (and owner, when allowed) before it becomes visible. Without
+  // it, Commit() gives a new file's usual mode (0666 less the umask).
+  void SetMode(mode_t mode, uid_t uid, gid_t gid);
   void Commit();
 
  private:
@@ -48,6 +49,7 @@ class AtomicOutput {
   int fd_ = -1;
   int slot_ = -1;
   bool committed_ = false;
+  bool mode_set_ = false;
 };
 
 // Bytes free for an unprivileged writer in the folder holding `path`.

@@ -1,0 +1,125 @@
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "cli/commands.h"
+#include "io/parallel.h"
+#include "ops/checkpoint_file.h"
+#include "ops/strip.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct StripCliOptions {
+  std::vector<std::string> paths;
+  std::string output;
+  std::vector<std::string> drop;
+  std::vector<std::string> keep;
+  bool dry_run = false;
+  bool delete_files = false;
+  bool json = false;
+  unsigned threads = DefaultThreads();
+  bool allow_unsafe_globals = false;
+};
+
+int RunStrip(StripCliOptions o) {
+  ReclaimPaths(o.drop, o.paths);
+  ReclaimPaths(o.keep, o.paths);
+  if (o.paths.empty()) {
+    PrintError("give checkpoint files or folders to strip");
+    return 2;
+  }
+  if (!o.output.empty() && (o.paths.size() != 1 || std::filesystem::is_directory(o.paths[0]))) {
+    PrintError("-o names one output file: give exactly one input file");
+    return 2;
+  }
+  StripOptions so;
+  so.drop = o.drop;
+  so.keep = o.keep;
+  so.dry_run = o.dry_run;
+  so.output = o.output;
+  so.threads = o.threads;
+  so.allow_unsafe_globals = o.allow_unsafe_globals;
+  std::vector<std::string> files, training_files;
+  for (const std::string& p : o.paths) {
+    if (std::filesystem::is_directory(p)) {
+      std::vector<std::string> t = TrainingOnlyFiles(p);
+      training_files.insert(training_files.end(), t.begin(), t.end());
+      for (const std::string& f : ExpandInputs({p})) {
+        if (!IsTrainingOnlyFile(f)) files.push_back(f);
+      }
+    } else {
+      files.push_back(p);
+    }
+  }
+  int rc = 0;
+  uint64_t before = 0, after = 0;
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  for (const std::string& f : files) {
+    try {
+      StripResult r = StripFile(f, so);
+      before += r.before;
+      after += r.after;
+      nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
+      for (const DroppedEntry& d : r.dropped) {
+        dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
+        if (!o.json) std::cout << fmt::format("{}: drop {} ({})\n", f, d.path, HumanBytes(d.bytes));
+      }
+      if (o.json) {
+        doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},
+                                {"after", r.after}, {"dropped", dropped}, {"rewritten", r.rewritten}});
+      } else {
+        std::cout << fmt::format("{}: {} -> {}{}\n", f, HumanBytes(r.before), HumanBytes(r.after),
+                                 r.dropped.empty() ? " (nothing to drop)" : o.dry_run ? " (dry run)" : "");
+      }
+    } catch (const Error& e) {
+      PrintError(e.what());
+      rc = 1;
+    }
+  }
+  nlohmann::ordered_json tfiles = nlohmann::ordered_json::array();
+  for (const std::string& t : training_files) {
+    std::error_code ec;
+    uint64_t size = std::filesystem::file_size(t, ec);
+    bool removed = o.delete_files && !o.dry_run && std::filesystem::remove(t, ec);
+    tfiles.push_back({{"path", t}, {"bytes", size}, {"deleted", removed}});
+    if (!o.json) {
+      std::cout << fmt::format("{}: training-only file, {} ({})\n", t, HumanBytes(size),
+                               removed ? "deleted" : "kept; --delete-files removes it");
+    }
+  }
+  if (o.json) {
+    doc["training_only_files"] = tfiles;
+    doc["before"] = before;
+    doc["after"] = after;
+    std::cout << doc.dump(1) << "\n";
+  }
+  return rc;
+}
+
+}  // namespace
+
+Runner AddStrip(CLI::App& app) {
+  auto o = std::make_shared<StripCliOptions>();
+  app.add_option("paths", o->paths, "Checkpoint files or folders");
+  app.add_option("-o,--output", o->output, "Write here instead of replacing the file");
+  app.add_option("--drop", o->drop,
+                 "Key-path globs to remove (default: optimizer, scheduler, scaler and RNG state)");
+  app.add_option("--keep", o->keep, "Key-path globs never removed");
+  app.add_flag("--dry-run", o->dry_run, "Show what would go; write nothing");
+  app.add_flag("--delete-files", o->delete_files,
+               "In folders, delete training-only files (optimizer.pt, *optim_states.pt...)");
+  app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
+  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
+               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  return [o] { return RunStrip(*o); };
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,40 @@
+// `ckptool export`: the tensors of a torch checkpoint (or folder of shards) as safetensors.
+//
+// Only tensors leave: whatever the source pickle imports is left behind, so export is also
+// the safe way to hand a model on. Names are key paths relative to the selected sub-object
+// (state_dict, module, model... auto-detected, or --select). Strided views are written
+// contiguously. Identical views (tied weights) are written once; each dropped name is
+// recorded in __metadata__ as alias -> kept, as safetensors' save_model does. With a shard
+// size, tensors are split in order into model-0000i-of-0000n.safetensors plus
+// model.safetensors.index.json, as Hugging Face does.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/float_convert.h"
+
+namespace ckpt {
+
+struct ExportOptions {
+  std::string select;                    // key path of the sub-object; empty: auto-detect
+  std::optional<kernels::Half> to;       // convert float32 tensors
+  uint64_t max_shard_size = 0;           // 0: a single file
+  unsigned threads = 1;
+};
+
+struct ExportResult {
+  std::string selected;                  // the selection used ("" = the whole object)
+  std::vector<std::string> files;        // written files, index last
+  uint64_t tensors = 0;                  // tensors written
+  uint64_t aliases = 0;                  // names recorded as aliases
+  uint64_t bytes = 0;                    // tensor bytes written
+  std::vector<std::string> warnings;
+};
+
+ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
+                    const ExportOptions& options);
+
+}  // namespace ckpt

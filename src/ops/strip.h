@@ -1,0 +1,46 @@
+// `ckptool strip`: remove training-only entries (optimizer and scheduler state, grad scaler,
+// RNG state...) from a checkpoint's object by key path; storages nothing references any more
+// disappear, the rest is written as shrink writes it (used spans only, aliasing kept).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+struct StripOptions {
+  std::vector<std::string> drop;  // key-path globs; empty: the known training-only entries
+  std::vector<std::string> keep;  // key-path globs that are never dropped
+  bool dry_run = false;
+  std::string output;             // empty: in place
+  unsigned threads = 1;
+  bool allow_unsafe_globals = false;
+};
+
+struct DroppedEntry {
+  std::string path;
+  uint64_t bytes = 0;  // storage bytes that went with it
+};
+
+struct StripResult {
+  std::string path;
+  std::string output;
+  uint64_t before = 0;
+  uint64_t after = 0;
+  std::vector<DroppedEntry> dropped;
+  bool rewritten = false;
+};
+
+// Top-level keys dropped by default: plain training dicts, PyTorch Lightning .ckpt, DeepSpeed
+// model states.
+const std::vector<std::string>& DefaultDropKeys();
+
+StripResult StripFile(const std::string& path, const StripOptions& options);
+
+// Files in a checkpoint folder that only training needs (DeepSpeed *optim_states.pt, HF
+// Trainer optimizer.pt / scheduler.pt / rng_state*.pth / scaler.pt), recursively, sorted.
+std::vector<std::string> TrainingOnlyFiles(const std::string& folder);
+bool IsTrainingOnlyFile(const std::string& path);
+
+}  // namespace ckpt

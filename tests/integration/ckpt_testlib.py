@@ -2,10 +2,12 @@
 object the way `ckptool inspect` names things, so the two can be compared."""
 import json
 import os
+import struct
 import subprocess
 import tempfile
 import unittest
 
+import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -225,3 +227,27 @@ def assert_torch_layout(test, path):
         if prev_end is not None:
             test.assertEqual(info.header_offset, prev_end, f"{info.filename} is not contiguous")
         prev_end = start + info.file_size + 16
+
+
+def read_safetensors(test, path):
+    """Independent reader: json + numpy, checking the format's rules."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    test.assertEqual(n % 8, 0, "header padded to 8 bytes")
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    buf = data[8 + n:]
+    spans = sorted(tuple(v["data_offsets"]) for v in header.values())
+    pos = 0
+    for b, e in spans:
+        test.assertEqual(b, pos, "offsets contiguous from 0")
+        pos = e
+    test.assertEqual(pos, len(buf), "no trailing bytes")
+    np_types = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "I64": np.int64,
+                "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_, "F64": np.float64}
+    out = {}
+    for name, v in header.items():
+        b, e = v["data_offsets"]
+        out[name] = (v["dtype"], np.frombuffer(buf[b:e], dtype=np_types[v["dtype"]]).reshape(v["shape"]))
+    return meta, out

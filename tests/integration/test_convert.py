@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ckpt_testlib import (CkptTestCase, assert_same_aliasing, assert_torch_layout, inspect,
-                          read_bytes, read_json, run, walk_tensors)
+                          read_bytes, read_json, read_safetensors, run, walk_tensors)
 from shrink_fixtures import deepspeed_like
 
 KERNELS = ["scalar", "avx2+f16c"]
@@ -134,28 +134,6 @@ class ConvertTest(CkptTestCase):
         with open(path, "wb") as f:
             f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
-    def read_safetensors(self, path):
-        """Independent reader: json + numpy, checking the format's rules."""
-        with open(path, "rb") as f:
-            data = f.read()
-        (n,) = struct.unpack("<Q", data[:8])
-        self.assertEqual(n % 8, 0, "header padded to 8 bytes")
-        header = json.loads(data[8:8 + n])
-        meta = header.pop("__metadata__", {})
-        buf = data[8 + n:]
-        spans = sorted(tuple(v["data_offsets"]) for v in header.values())
-        pos = 0
-        for b, e in spans:
-            self.assertEqual(b, pos, "offsets contiguous from 0")
-            pos = e
-        self.assertEqual(pos, len(buf), "no trailing bytes")
-        np_types = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "I64": np.int64}
-        out = {}
-        for name, v in header.items():
-            b, e = v["data_offsets"]
-            out[name] = (v["dtype"], np.frombuffer(buf[b:e], dtype=np_types[v["dtype"]]).reshape(v["shape"]))
-        return meta, out
-
     def test_hf_folder_with_indexes(self):
         torch.manual_seed(5)
         folder = self.path("model")
@@ -204,7 +182,7 @@ class ConvertTest(CkptTestCase):
         self.assertEqual(index["metadata"]["total_size"], total)
         st_total = 0
         for fname, sd in st.items():
-            meta, got = self.read_safetensors(os.path.join(out, fname))
+            meta, got = read_safetensors(self, os.path.join(out, fname))
             self.assertEqual(meta, {"source": "test", "format": "pt"})
             for k, t in sd.items():
                 dtype, arr = got[k]

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
       ckpt::cli::AddExport);
   add("strip", "Remove optimizer/scheduler/RNG state (or --drop paths) from checkpoints",
       ckpt::cli::AddStrip);
+  add("prune", "Retention policy for a folder of checkpoints (dry run unless --yes)",
+      ckpt::cli::AddPrune);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,259 @@
+#include "ops/prune.h"
+
+#include <fmt/format.h>
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "base/error.h"
+#include "ops/checkpoint_file.h"
+#include "ops/strip.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrashPrefix = ".ckptool-trash-";
+
+std::string ReadSmallFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+uint64_t SizeOf(const fs::path& p) {
+  std::error_code ec;
+  if (fs::is_regular_file(fs::symlink_status(p, ec))) return fs::file_size(p, ec);
+  uint64_t total = 0;
+  for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+// A checkpoint looks complete when every checkpoint file in it opens cleanly (and a folder
+// holds at least one, with no half-written temp files).
+bool LooksComplete(const fs::path& p, std::string* why) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec))) {
+    for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+      std::string name = it->path().filename().string();
+      if (name.find(".ckptool-tmp-") != std::string::npos || name.ends_with(".tmp")) {
+        *why = "holds a temp file " + name;
+        return false;
+      }
+      files.push_back(it->path());
+    }
+  } else {
+    files.push_back(p);
+  }
+  int checkpoints = 0;
+  for (const fs::path& f : files) {
+    try {
+      MappedFile m = MappedFile::Open(f.string());
+      if (!DetectFormat(m.bytes())) continue;
+      ++checkpoints;
+      CheckpointFile c = OpenCheckpoint(f.string());
+      if (c.torch && !c.torch->model.problems.empty()) {
+        *why = fmt::format("{}: {}", f.filename().string(), c.torch->model.problems[0].what);
+        return false;
+      }
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+  }
+  if (checkpoints == 0) {
+    *why = "no checkpoint file inside";
+    return false;
+  }
+  return true;
+}
+
+// Names that something in ROOT points at.
+std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& notes) {
+  std::set<std::string> out;
+  std::error_code ec;
+  if (fs::is_regular_file(root / "latest", ec)) {
+    std::string tag = ReadSmallFile(root / "latest");
+    out.insert(tag);
+    notes.push_back(fmt::format("'latest' names {}", tag));
+  }
+  if (fs::is_regular_file(root / "latest_checkpointed_iteration.txt", ec)) {
+    std::string it = ReadSmallFile(root / "latest_checkpointed_iteration.txt");
+    if (!it.empty() && std::all_of(it.begin(), it.end(), ::isdigit)) {
+      std::string name = fmt::format("iter_{:07d}", std::stoull(it));
+      out.insert(name);
+      notes.push_back(fmt::format("latest_checkpointed_iteration.txt names {}", name));
+    }
+  }
+  // HF Trainer: trainer_state.json at the top and in each checkpoint.
+  std::vector<fs::path> states;
+  if (fs::exists(root / "trainer_state.json", ec)) states.push_back(root / "trainer_state.json");
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory(ec) && !e.is_symlink(ec) && fs::exists(e.path() / "trainer_state.json", ec)) {
+      states.push_back(e.path() / "trainer_state.json");
+    }
+  }
+  for (const fs::path& s : states) {
+    try {
+      nlohmann::json j = nlohmann::json::parse(ReadSmallFile(s));
+      if (j.contains("best_model_checkpoint") && j["best_model_checkpoint"].is_string()) {
+        std::string best = fs::path(j["best_model_checkpoint"].get<std::string>()).filename().string();
+        if (out.insert(best).second) notes.push_back(fmt::format("best_model_checkpoint is {}", best));
+      }
+    } catch (const std::exception&) {
+      notes.push_back(fmt::format("{}: unreadable, ignored", s.string()));
+    }
+  }
+  // Symlinks inside ROOT (Lightning's last.ckpt) protect what they point at, if inside ROOT.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_symlink(ec)) continue;
+    fs::path target = fs::read_symlink(e.path(), ec);
+    if (target.is_relative()) target = root / target;
+    fs::path canon = fs::weakly_canonical(target, ec);
+    if (canon.parent_path() == fs::weakly_canonical(root, ec)) {
+      out.insert(canon.filename().string());
+      notes.push_back(fmt::format("{} links to {}", e.path().filename().string(), canon.filename().string()));
+    }
+  }
+  return out;
+}
+
+bool MatchesAny(const std::vector<std::string>& globs, const std::string& name) {
+  for (const std::string& g : globs) {
+    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// Rename first (atomic: the checkpoint's name is gone at once), then delete.
+void Trash(const fs::path& root, const std::string& name) {
+  fs::path trash = root / fmt::format("{}{}-{}", kTrashPrefix, name, ::getpid());
+  fs::rename(root / name, trash);
+  fs::remove_all(trash);
+}
+
+void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
+  StripOptions so;
+  so.threads = o.threads;
+  std::vector<std::string> files;
+  if (fs::is_directory(p)) {
+    for (const std::string& t : TrainingOnlyFiles(p.string())) fs::remove(t);
+    for (const std::string& f : ExpandInputs({p.string()})) files.push_back(f);
+  } else {
+    files.push_back(p.string());
+  }
+  for (const std::string& f : files) StripFile(f, so);
+  e.stripped = true;
+  e.bytes_after = SizeOf(p);
+}
+
+}  // namespace
+
+int64_t StepFromName(const std::string& name) {
+  static const std::vector<std::regex> patterns = {
+      std::regex(R"(^global_step(\d+)$)"),  std::regex(R"(^checkpoint-(\d+)$)"),
+      std::regex(R"(^iter_(\d+)$)"),        std::regex(R"((?:^|[-_])step=(\d+)(?:[-_.]|$))"),
+      std::regex(R"(^(?:model|step|ckpt|checkpoint)[_-](\d+)(?:\.[A-Za-z0-9]+)?$)"),
+  };
+  std::smatch m;
+  for (const std::regex& r : patterns) {
+    if (std::regex_search(name, m, r) && m[1].length() <= 18) return std::stoll(m[1].str());
+  }
+  return -1;
+}
+
+PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
+  if (o.keep_last < 1) Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
+  fs::path root(root_arg);
+  if (!fs::is_directory(root)) Fail("{}: not a folder", root_arg);
+  PruneResult r;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(kTrashPrefix, 0) == 0) {
+      r.notes.push_back(fmt::format("{}: left by an interrupted prune{}", name, o.yes ? "; removed" : ""));
+      if (o.yes) fs::remove_all(e.path(), ec);
+      continue;
+    }
+    if (e.is_symlink(ec)) continue;  // never followed; its target is protected below
+    int64_t step = StepFromName(name);
+    if (step < 0) continue;
+    PruneEntry pe;
+    pe.name = name;
+    pe.step = static_cast<uint64_t>(step);
+    pe.bytes = SizeOf(e.path());
+    std::string why;
+    pe.complete = LooksComplete(e.path(), &why);
+    if (!pe.complete) pe.reason = "looks incomplete (" + why + "): left alone";
+    r.entries.push_back(std::move(pe));
+  }
+  if (r.entries.empty()) Fail("{}: no recognisable checkpoints (global_stepN, checkpoint-N, iter_N, step=N...)", root_arg);
+  // Numeric order by step; ties by modification time.
+  std::sort(r.entries.begin(), r.entries.end(), [&](const PruneEntry& a, const PruneEntry& b) {
+    if (a.step != b.step) return a.step < b.step;
+    return fs::last_write_time(root / a.name, ec) < fs::last_write_time(root / b.name, ec);
+  });
+  std::set<std::string> pointed = Pointed(root, r.notes);
+  uint64_t newest_seen = 0;
+  for (size_t i = r.entries.size(); i-- > 0;) {
+    PruneEntry& e = r.entries[i];
+    if (!e.complete) {
+      e.keep = true;
+      continue;
+    }
+    ++newest_seen;
+    if (newest_seen == 1) {
+      e.keep = true;
+      e.reason = "newest complete checkpoint";
+    } else if (newest_seen <= o.keep_last) {
+      e.keep = true;
+      e.reason = fmt::format("among the newest {}", o.keep_last);
+    } else if (pointed.count(e.name)) {
+      e.keep = true;
+      e.reason = "pointed at (latest / best / symlink)";
+    } else if (o.keep_every && e.step % o.keep_every == 0) {
+      e.keep = true;
+      e.reason = fmt::format("step is a multiple of {}", o.keep_every);
+    } else if (MatchesAny(o.keep, e.name)) {
+      e.keep = true;
+      e.reason = "matches --keep";
+    } else {
+      e.reason = "older than the newest kept";
+    }
+    if (e.keep && o.strip_older && newest_seen > o.strip_older) e.reason += "; optimizer state stripped";
+  }
+  for (PruneEntry& e : r.entries) {
+    if (!e.keep) r.bytes_freed += e.bytes;
+  }
+  if (!o.yes) return r;
+  for (PruneEntry& e : r.entries) {
+    if (!e.keep) Trash(root, e.name);
+  }
+  if (o.strip_older) {
+    uint64_t seen = 0;
+    for (size_t i = r.entries.size(); i-- > 0;) {
+      PruneEntry& e = r.entries[i];
+      if (!e.keep || !e.complete) continue;
+      if (++seen > o.strip_older) StripKept(root / e.name, e, o);
+    }
+  }
+  return r;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,47 @@
+// `ckptool prune`: a retention policy for a folder of checkpoints that cannot make the usual
+// mistakes: steps are compared as numbers (step 900 < step 1000), the newest checkpoint and
+// every checkpoint something points at (DeepSpeed `latest`, Megatron
+// `latest_checkpointed_iteration.txt`, HF `best_model_checkpoint`, symlinks such as
+// Lightning's `last.ckpt`) are always kept, incomplete-looking checkpoints are reported and
+// left alone, and deletion first renames an entry to a hidden trash name so a crash never
+// leaves a half-deleted checkpoint under a valid name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+struct PruneOptions {
+  uint64_t keep_last = 0;          // must be >= 1
+  uint64_t keep_every = 0;         // 0: off
+  std::vector<std::string> keep;   // name globs always kept
+  uint64_t strip_older = 0;        // 0: off; else strip kept checkpoints older than the newest M
+  bool yes = false;                // false: dry run
+  unsigned threads = 1;
+};
+
+struct PruneEntry {
+  std::string name;   // entry in ROOT
+  uint64_t step = 0;
+  uint64_t bytes = 0;
+  bool keep = false;
+  bool complete = true;
+  std::string reason;  // why it is kept (or why it goes)
+  bool stripped = false;
+  uint64_t bytes_after = 0;  // after --strip-older
+};
+
+struct PruneResult {
+  std::vector<PruneEntry> entries;  // oldest first
+  uint64_t bytes_freed = 0;
+  std::vector<std::string> notes;
+};
+
+PruneResult Prune(const std::string& root, const PruneOptions& options);
+
+// The training step a checkpoint's name carries, or -1 when it does not look like one.
+int64_t StepFromName(const std::string& name);
+
+}  // namespace ckpt

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "base/error.h"
+#include "base/perf.h"
 #include "cli/commands.h"
 
 namespace ckpt::cli {
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
                "safetensors) without executing them"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ckptool 0.1.0");
+  bool perf = false;
+  app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr");
   struct Command {
     CLI::App* app;
     ckpt::cli::Runner run;
@@ -63,9 +66,18 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (perf) ckpt::EnablePerf();
   try {
     for (const Command& c : commands) {
-      if (c.app->parsed()) return c.run();
+      if (!c.app->parsed()) continue;
+      int rc;
+      {
+        ckpt::PerfTimer timer(c.app->get_name().c_str());
+        rc = c.run();
+      }
+      std::cout.flush();
+      ckpt::PrintPerf(stderr);
+      return rc;
     }
   } catch (const ckpt::Error& e) {
     ckpt::cli::PrintError(e.what());

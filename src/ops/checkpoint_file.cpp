@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "base/error.h"
+#include "base/perf.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt {
@@ -48,6 +49,7 @@ std::optional<Format> DetectFormat(Bytes file) {
 }
 
 CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options) {
+  PerfTimer timer("parse");
   CheckpointFile f;
   f.path = path;
   f.map = MappedFile::Open(path);

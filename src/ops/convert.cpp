@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "base/error.h"
+#include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
@@ -145,6 +146,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
   safetensors::Layout layout = safetensors::LayOut(outs, st.metadata);
   uint64_t free_bytes = FreeSpaceFor(output);
   if (free_bytes < layout.total_size) Fail("{}: not enough free space for the output", output);
+  PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
@@ -170,6 +172,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
   // was computed from the input while writing.
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was written", f.path), [&] {
+    PerfTimer verify("verify");
     safetensors::File back = safetensors::Parse(written.bytes());
     if (back.tensors.size() != plan.size()) Fail("tensor count differs");
     for (size_t i = 0; i < plan.size(); ++i) {

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "base/error.h"
+#include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
@@ -102,6 +103,7 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
   }
   safetensors::Layout layout = safetensors::LayOut(outs, meta);
   if (FreeSpaceFor(path) < layout.total_size) Fail("{}: not enough free space", path);
+  PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(path, layout.total_size);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
@@ -134,6 +136,7 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
   out.Sync();
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {
+    PerfTimer verify("verify");
     safetensors::File back = safetensors::Parse(written.bytes());
     std::map<std::string, const safetensors::TensorEntry*> by_name;
     for (const auto& e : back.tensors) by_name[e.name] = &e;

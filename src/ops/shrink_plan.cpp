@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "base/perf.h"
 
 namespace ckpt {
 
@@ -51,6 +52,7 @@ void Materialize(const torch::Model& m, RewritePlan& rp) {
 }  // namespace
 
 ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
+  PerfTimer timer("plan");
   const torch::Model& m = file.model;
   ShrinkPlan plan;
   RewritePlan& rp = plan.rewrite;

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
@@ -33,6 +34,7 @@ using pickle::NodeId;
 TorchRewrite::TorchRewrite(CheckpointFile& input, RewritePlan plan)
     : in_(input), plan_(std::move(plan)) {
   if (!in_.torch) Fail("{}: not a torch checkpoint", in_.path);
+  PerfTimer timer("rewrite pickle and lay out");
   RewriteGraph();
   SerializePickle();
   LayOut();
@@ -195,6 +197,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     Fail("{}: the output needs {} but only {} is free there", final_path, HumanBytes(total),
          HumanBytes(free_bytes));
   }
+  PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(final_path, total);
   const auto& placed = zip_.records();
   std::vector<uint32_t> crcs(records_.size(), 0);
@@ -275,15 +278,20 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
   }
   out.Write(zip_.directory_offset(), AsBytes(zip_.DirectoryAndEnd(crcs)));
-  out.Sync();
-
+  {
+    PerfTimer sync("fsync");
+    out.Sync();
+  }
   MappedFile written = MappedFile::Open(out.temp_path());
-  WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path),
-              [&] { Verify(written, threads); });
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path), [&] {
+    PerfTimer verify("verify");
+    Verify(written, threads);
+  });
   if (in_.map.ChangedOnDisk()) {
     Fail("{}: the file changed while it was being processed; nothing was replaced", in_.path);
   }
   out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
+  PerfTimer commit("rename and fsync folder");
   out.Commit();
 }
 

@@ -66,7 +66,8 @@ AtomicOutput::AtomicOutput(AtomicOutput&& other) noexcept
       fd_(std::exchange(other.fd_, -1)),
       slot_(std::exchange(other.slot_, -1)),
       committed_(std::exchange(other.committed_, true)),
-      mode_set_(other.mode_set_) {}
+      mode_set_(other.mode_set_),
+      dirty_(other.dirty_.load()) {}
 
 AtomicOutput::~AtomicOutput() { Discard(); }
 
@@ -78,7 +79,8 @@ void AtomicOutput::Discard() {
   slot_ = -1;
 }
 
-void AtomicOutput::Write(uint64_t offset, Bytes data) const {
+void AtomicOutput::Write(uint64_t offset, Bytes data) {
+  dirty_ = true;
   while (!data.empty()) {
     ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
@@ -88,7 +90,8 @@ void AtomicOutput::Write(uint64_t offset, Bytes data) const {
   }
 }
 
-void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) const {
+void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) {
+  dirty_ = true;
   while (size > 0) {
     off_t in = static_cast<off_t>(in_offset), out = static_cast<off_t>(offset);
     ssize_t n = ::copy_file_range(in_fd, &in, fd_, &out, size, 0);
@@ -113,8 +116,9 @@ void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint
   }
 }
 
-void AtomicOutput::Sync() const {
+void AtomicOutput::Sync() {
   if (::fsync(fd_) != 0) FailErrno(temp_path_, "fsync failed", errno);
+  dirty_ = false;
 }
 
 namespace {
@@ -132,13 +136,20 @@ mode_t DefaultMode() {
 
 void AtomicOutput::SetMode(mode_t mode, uid_t uid, gid_t gid) {
   mode_set_ = true;
+  dirty_ = true;
   if (::fchown(fd_, uid, gid) != 0 && errno != EPERM) FailErrno(temp_path_, "chown failed", errno);
   if (::fchmod(fd_, mode & 07777) != 0) FailErrno(temp_path_, "chmod failed", errno);
 }
 
+void AtomicOutput::SetDefaultMode() {
+  if (::fchmod(fd_, DefaultMode()) != 0) FailErrno(temp_path_, "chmod failed", errno);
+  mode_set_ = true;
+  dirty_ = true;
+}
+
 void AtomicOutput::Commit() {
-  if (!mode_set_ && ::fchmod(fd_, DefaultMode()) != 0) FailErrno(temp_path_, "chmod failed", errno);
-  Sync();
+  if (!mode_set_) SetDefaultMode();
+  if (dirty_) Sync();
   if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
     FailErrno(final_path_, "cannot replace", errno);
   }

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -29,15 +30,18 @@ class AtomicOutput {
   const std::string& final_path() const { return final_path_; }
 
   // Thread-safe positioned writes.
-  void Write(uint64_t offset, Bytes data) const;
+  void Write(uint64_t offset, Bytes data);
   // Copies [in_offset, +size) of in_fd to `offset` inside the kernel when it can
   // (copy_file_range), else through a buffer.
-  void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) const;
+  void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size);
 
-  void Sync() const;
+  // fsyncs the data; Commit() skips its own fsync when nothing changed since.
+  void Sync();
   // Gives the file this mode (and owner, when allowed) before it becomes visible. Without
   // it, Commit() gives a new file's usual mode (0666 less the umask).
   void SetMode(mode_t mode, uid_t uid, gid_t gid);
+  // A new file's usual mode (0666 less the umask), set now rather than at Commit().
+  void SetDefaultMode();
   void Commit();
 
  private:
@@ -50,6 +54,7 @@ class AtomicOutput {
   int slot_ = -1;
   bool committed_ = false;
   bool mode_set_ = false;
+  std::atomic<bool> dirty_{true};  // written since the last fsync
 };
 
 // Bytes free for an unprivileged writer in the folder holding `path`.

@@ -167,6 +167,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
     if (o.bytes_done) *o.bytes_done += len * scale;
     return crc;
   });
+  out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
   out.Sync();
   // Verify: the new file passes the reader's rules, and every tensor's bytes hash to what
   // was computed from the input while writing.
@@ -184,7 +185,6 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
       if (crc != crcs[i]) Fail("tensor '{}' does not hold the bytes written", e.name);
     }
   });
-  out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
   out.Commit();
   r.after = layout.total_size;
   for (const StPlan& p : plan) {

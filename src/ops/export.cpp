@@ -133,6 +133,7 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
     });
     return crc;
   });
+  out.SetDefaultMode();
   out.Sync();
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {

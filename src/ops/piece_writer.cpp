@@ -7,7 +7,7 @@
 
 namespace ckpt {
 
-uint32_t WritePiece(const AtomicOutput& out, uint64_t dst, Bytes src,
+uint32_t WritePiece(AtomicOutput& out, uint64_t dst, Bytes src,
                     std::optional<kernels::Half> to, uint64_t* overflow) {
   if (!to) {
     out.Write(dst, src);

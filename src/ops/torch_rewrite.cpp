@@ -278,6 +278,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
   }
   out.Write(zip_.directory_offset(), AsBytes(zip_.DirectoryAndEnd(crcs)));
+  out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
   {
     PerfTimer sync("fsync");
     out.Sync();
@@ -290,7 +291,6 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
   if (in_.map.ChangedOnDisk()) {
     Fail("{}: the file changed while it was being processed; nothing was replaced", in_.path);
   }
-  out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
   PerfTimer commit("rename and fsync folder");
   out.Commit();
 }

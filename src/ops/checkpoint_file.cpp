@@ -91,6 +91,8 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
       if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
       std::string p = it->path().string();
+      // ckptool's own temp files (a run killed outright leaves them) are never inputs.
+      if (it->path().filename().string().find(".ckptool-tmp-") != std::string::npos) continue;
       try {
         MappedFile m = MappedFile::Open(p);
         if (DetectFormat(m.bytes())) {

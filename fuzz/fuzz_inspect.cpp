@@ -1,0 +1,31 @@
+// Fuzz target: the whole inspect path (detection, any reader, tensor table, report) on a
+// file held in memory (memfd), as the CLI sees it.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/error.h"
+#include "ops/inspect_output.h"
+#include "ops/verify.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  int fd = ::memfd_create("ckpt-fuzz", 0);
+  if (fd < 0) return 0;
+  if (::write(fd, data, size) != static_cast<ssize_t>(size)) {
+    ::close(fd);
+    return 0;
+  }
+  try {
+    ckpt::CheckpointFile f = ckpt::OpenCheckpoint("/proc/self/fd/" + std::to_string(fd));
+    ckpt::FileReport r = ckpt::BuildReport(f);
+    ckpt::RenderText(r, 20);
+    ckpt::RenderJson(r).dump();
+    ckpt::Verify(f, 1);
+  } catch (const ckpt::Error&) {
+  }
+  ::close(fd);
+  return 0;
+}

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -23,6 +24,12 @@ Runner AddPrune(CLI::App& app);
 // Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
 // values that name an existing file or folder are moved back to `paths`.
 void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& paths);
+
+// Flags every rewriting command shares: -j, --json, --allow-unsafe-globals.
+void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals);
+
+// Bytes in MiB (2^20), as the reference tool prints them.
+inline double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 // Prints "ckptool: error: <message>" to stderr.
 void PrintError(const std::string& message);

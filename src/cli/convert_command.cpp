@@ -31,8 +31,6 @@ struct ConvertCliOptions {
   bool allow_unsafe_globals = false;
 };
 
-double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
 int RunConvert(ConvertCliOptions o) {
   ReclaimPaths(o.keep, o.paths);
   ReclaimPaths(o.only, o.paths);
@@ -148,10 +146,7 @@ Runner AddConvert(CLI::App& app) {
   app.add_option("--keep", o->keep, "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
   app.add_option("--only", o->only, "Convert only tensors whose name matches one of these globs");
   app.add_flag("--keep-1d", o->keep_1d, "Keep 1-D tensors (norms, biases) in float32");
-  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
-  app.add_flag("--json", o->json, "Print a JSON report");
-  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
-               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
   return [o] { return RunConvert(*o); };
 }
 

@@ -24,6 +24,13 @@ void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& pat
   globs = std::move(kept);
 }
 
+void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals) {
+  app.add_option("-j,--threads", *threads, "Threads")->capture_default_str();
+  app.add_flag("--json", *json, "Print a JSON report");
+  app.add_flag("--allow-unsafe-globals", *allow_unsafe_globals,
+               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+}
+
 void PrintError(const std::string& message) {
   std::fflush(stdout);
   std::fprintf(stderr, "ckptool: error: %s\n", message.c_str());

@@ -31,8 +31,6 @@ struct ShrinkCliOptions {
   bool materialize = false;
 };
 
-double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
 bool MatchesPatterns(const std::string& path, const std::vector<std::string>& patterns) {
   if (patterns.empty()) return true;
   std::string base = std::filesystem::path(path).filename().string();
@@ -55,8 +53,15 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {
       if (format && *format != Format::kSafetensors) files.push_back(f);
     }
   }
-  for (const std::string& f : ExpandInputs(o.files)) {
-    if (MatchesPatterns(f, o.patterns) || !std::filesystem::is_directory(f)) files.push_back(f);
+  // Files named on the command line are always taken; --patterns filters what folders hold.
+  for (const std::string& p : o.files) {
+    if (!std::filesystem::is_directory(p)) {
+      files.push_back(p);
+      continue;
+    }
+    for (const std::string& f : ExpandInputs({p})) {
+      if (MatchesPatterns(f, o.patterns)) files.push_back(f);
+    }
   }
   return files;
 }
@@ -154,13 +159,10 @@ Runner AddShrink(CLI::App& app) {
   app.add_flag("-d,--debug", o->debug, "Print each file's before/after/saved sizes");
   app.add_flag("--dry-run", o->dry_run, "Compute the exact savings; write nothing");
   app.add_option("--output-dir", o->output_dir, "Write results here; leave the originals untouched");
-  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
-  app.add_flag("--json", o->json, "Print a JSON report");
   app.add_flag("--materialize", o->materialize,
                "Lay out non-contiguous views that share bytes with nothing else contiguously "
                "when that is smaller (their strides change; off by default)");
-  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
-               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
   return [o] { return RunShrink(*o); };
 }
 

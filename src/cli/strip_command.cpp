@@ -115,10 +115,7 @@ Runner AddStrip(CLI::App& app) {
   app.add_flag("--dry-run", o->dry_run, "Show what would go; write nothing");
   app.add_flag("--delete-files", o->delete_files,
                "In folders, delete training-only files (optimizer.pt, *optim_states.pt...)");
-  app.add_flag("--json", o->json, "Print a JSON report");
-  app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
-  app.add_flag("--allow-unsafe-globals", o->allow_unsafe_globals,
-               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
   return [o] { return RunStrip(*o); };
 }
 

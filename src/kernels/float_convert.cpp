@@ -1,5 +1,9 @@
 #include "kernels/float_convert.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <cstring>
 
@@ -55,8 +59,16 @@ void ConvertScalar(Half to, const uint8_t* src, uint8_t* dst, size_t n, ConvertS
 }
 
 bool CpuHasAvx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  // avx2 via the compiler (it also checks that the OS saves AVX state); F16C from CPUID
+  // leaf 1, ECX bit 29 (not every compiler knows the "f16c" feature name).
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  unsigned eax, ebx, ecx, edx;
+  bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+  return __builtin_cpu_supports("avx2") && f16c;
+#else
+  return false;
+#endif
 }
 
 }  // namespace

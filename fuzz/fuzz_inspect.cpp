@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ckpt::CheckpointFile f = ckpt::OpenCheckpoint("/proc/self/fd/" + std::to_string(fd));
     ckpt::FileReport r = ckpt::BuildReport(f);
     ckpt::RenderText(r, 20);
-    ckpt::RenderJson(r).dump();
+    ckpt::RenderJson(r).dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     ckpt::Verify(f, 1);
   } catch (const ckpt::Error&) {
   }

@@ -124,7 +124,7 @@ int RunConvert(ConvertCliOptions o) {
     doc["before"] = before;
     doc["after"] = after;
     doc["copied_files"] = tree.copies.size();
-    std::cout << doc.dump(1) << "\n";
+    PrintJson(doc);
   } else {
     std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB ({} other files copied)\n",
                              MiB(before), MiB(after), MiB(before - std::min(before, after)), tree.copies.size());

@@ -37,7 +37,7 @@ int RunExport(const ExportCliOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j = {{"selected", r.selected}, {"files", r.files}, {"tensors", r.tensors},
                                 {"aliases", r.aliases}, {"bytes", r.bytes}};
-    std::cout << j.dump(1) << "\n";
+    PrintJson(j);
     return 0;
   }
   std::cout << fmt::format("Exported {} tensors ({}) from {}{} into:\n", r.tensors, HumanBytes(r.bytes),

@@ -43,7 +43,7 @@ int RunInspect(const InspectOptions& o) {
       rc = 1;
     }
   }
-  if (o.json) std::cout << doc.dump(1) << "\n";
+  if (o.json) PrintJson(doc);
   return rc;
 }
 

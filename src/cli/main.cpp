@@ -31,6 +31,10 @@ void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_u
                "Rewrite files whose pickle imports code-execution globals (they are never run)");
 }
 
+void PrintJson(const nlohmann::ordered_json& doc) {
+  std::cout << doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+}
+
 void PrintError(const std::string& message) {
   std::fflush(stdout);
   std::fprintf(stderr, "ckptool: error: %s\n", message.c_str());

@@ -29,7 +29,7 @@ int RunPrune(PruneCliOptions o) {
       j["entries"].push_back({{"name", e.name}, {"step", e.step}, {"bytes", e.bytes}, {"keep", e.keep},
                               {"complete", e.complete}, {"reason", e.reason}, {"stripped", e.stripped}});
     }
-    std::cout << j.dump(1) << "\n";
+    PrintJson(j);
     return 0;
   }
   for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";

@@ -139,7 +139,7 @@ int RunShrink(ShrinkCliOptions o) {
     doc["after"] = after;
     doc["saved"] = saved;
     doc["dry_run"] = o.dry_run;
-    std::cout << doc.dump(1) << "\n";
+    PrintJson(doc);
   } else {
     std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n", MiB(before),
                              MiB(after), MiB(saved), o.dry_run ? " (dry run: nothing written)" : "");

@@ -98,7 +98,7 @@ int RunStrip(StripCliOptions o) {
     doc["training_only_files"] = tfiles;
     doc["before"] = before;
     doc["after"] = after;
-    std::cout << doc.dump(1) << "\n";
+    PrintJson(doc);
   }
   return rc;
 }

@@ -95,7 +95,7 @@ uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& sto
   }
   if (!j.contains("metadata") || !j["metadata"].is_object()) j["metadata"] = nlohmann::ordered_json::object();
   j["metadata"]["total_size"] = total;
-  std::string text = j.dump(2) + "\n";
+  std::string text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   AtomicOutput out = AtomicOutput::Create(job.output, text.size());
   out.Write(0, AsBytes(text));
   out.SetMode(in.mode(), in.uid(), in.gid());

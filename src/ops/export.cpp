@@ -265,7 +265,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = nlohmann::ordered_json(weight_map);
-    std::string text = index.dump(2) + "\n";
+    std::string text = index.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     std::string path = (dir / (stem + ".safetensors.index.json")).string();
     AtomicOutput out = AtomicOutput::Create(path, text.size());
     out.Write(0, AsBytes(text));

@@ -19,7 +19,20 @@ Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::
     h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
     offset += t.size;
   }
-  std::string json = h.dump();
+  std::string json;
+  try {
+    json = h.dump();
+  } catch (const nlohmann::json::exception&) {
+    // Names come from pickles, which may hold any bytes; safetensors headers are UTF-8.
+    for (const OutTensor& t : tensors) {
+      try {
+        nlohmann::json(t.name).dump();
+      } catch (const nlohmann::json::exception&) {
+        Fail("tensor name '{}' is not valid UTF-8; safetensors cannot hold it", t.name);
+      }
+    }
+    Fail("__metadata__ holds text that is not valid UTF-8");
+  }
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > kMaxHeaderSize) Fail("safetensors header would be {} bytes, over the limit", json.size());
   Layout l;

@@ -16,8 +16,10 @@ namespace {
 constexpr size_t kSlots = 256;
 constexpr size_t kPathMax = 4096;
 
+enum SlotState : int { kFree = 0, kWriting = 1, kUsed = 2 };
+
 struct Slot {
-  std::atomic<bool> used{false};
+  std::atomic<int> state{kFree};
   char path[kPathMax];
 };
 
@@ -27,7 +29,7 @@ std::atomic<unsigned> g_counter{0};
 
 void OnSignal(int sig) {
   for (Slot& s : g_slots) {
-    if (s.used.load()) ::unlink(s.path);
+    if (s.state.load() == kUsed) ::unlink(s.path);
   }
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -48,18 +50,19 @@ void InstallInterruptHandlers() {
 int RegisterTempFile(const std::string& path) {
   if (path.size() >= kPathMax) return -1;
   for (size_t i = 0; i < kSlots; ++i) {
-    bool expected = false;
+    int expected = kFree;
     Slot& s = g_slots[i];
-    // Claim the slot by writing the path first and publishing it last.
-    if (s.used.load()) continue;
+    // Claim the slot, then write the path, then publish it to the signal handler.
+    if (!s.state.compare_exchange_strong(expected, kWriting)) continue;
     std::memcpy(s.path, path.c_str(), path.size() + 1);
-    if (s.used.compare_exchange_strong(expected, true)) return static_cast<int>(i);
+    s.state.store(kUsed);
+    return static_cast<int>(i);
   }
   return -1;
 }
 
 void UnregisterTempFile(int slot) {
-  if (slot >= 0 && static_cast<size_t>(slot) < kSlots) g_slots[slot].used.store(false);
+  if (slot >= 0 && static_cast<size_t>(slot) < kSlots) g_slots[slot].state.store(kFree);
 }
 
 std::string TempPathFor(const std::string& final_path) {

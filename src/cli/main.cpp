@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/perf.h"
+#include "io/temp_files.h"
 #include "cli/commands.h"
 
 namespace ckpt::cli {
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (perf) ckpt::EnablePerf();
+  ckpt::InstallInterruptHandlers();
   try {
     for (const Command& c : commands) {
       if (!c.app->parsed()) continue;

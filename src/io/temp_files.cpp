@@ -27,12 +27,28 @@ std::array<Slot, kSlots> g_slots;
 std::atomic<bool> g_installed{false};
 std::atomic<unsigned> g_counter{0};
 
-void OnSignal(int sig) {
+void RemoveAll() {
   for (Slot& s : g_slots) {
     if (s.state.load() == kUsed) ::unlink(s.path);
   }
+}
+
+void OnSignal(int sig) {
+  RemoveAll();
   ::signal(sig, SIG_DFL);
   ::raise(sig);
+}
+
+// A mapped input that shrinks under us (another process truncated it) or an output mapping
+// on a full filesystem raises SIGBUS: say so instead of dying with a bus error (as mold does).
+void OnBusError(int) {
+  static const char kMessage[] =
+      "ckptool: error: a file being read was truncated by another process (or a disk is full); "
+      "nothing was replaced\n";
+  RemoveAll();
+  ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+  (void)ignored;
+  ::_exit(1);
 }
 
 constexpr const char* kMarker = ".ckptool-tmp-";
@@ -45,6 +61,10 @@ void InstallInterruptHandlers() {
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  struct sigaction bus {};
+  bus.sa_handler = OnBusError;
+  sigemptyset(&bus.sa_mask);
+  ::sigaction(SIGBUS, &bus, nullptr);
 }
 
 int RegisterTempFile(const std::string& path) {

@@ -10,7 +10,8 @@
 
 namespace ckpt {
 
-// Installs the handlers once; later calls do nothing.
+// Installs the handlers once; later calls do nothing. SIGBUS (a mapped input truncated by
+// another process) also removes temp files and exits with a clear message.
 void InstallInterruptHandlers();
 
 // Returns a slot id, or -1 when all slots are in use (the file is then not auto-removed).

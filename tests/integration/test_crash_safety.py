@@ -68,6 +68,23 @@ class CrashSafetyTest(CkptTestCase):
             self.assert_original_or_replaced()
             self.assertEqual(sorted(os.listdir(self.tmp)), ["model.pt"])
 
+    def test_input_truncated_while_being_read_is_a_clear_error(self):
+        import shutil
+        big = self.path("big.pt")
+        torch.save({"w": torch.empty(64 * 1024 * 1024).uniform_()}, big)  # 256 MiB
+        outcomes = []
+        for delay in (0.0, 0.01, 0.03, 0.06, 0.1):
+            victim = self.path("victim.pt")
+            shutil.copyfile(big, victim)
+            p = subprocess.Popen([CKPTOOL, "verify", victim], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            time.sleep(delay)
+            os.truncate(victim, 4096)
+            out, err = p.communicate()
+            self.assertGreaterEqual(p.returncode, 0, f"killed by signal {-p.returncode}: {err}")
+            outcomes.append((p.returncode, "truncated by another process" in err))
+        print(f"\ntruncation outcomes (exit code, SIGBUS reported): {outcomes}")
+
 
 if __name__ == "__main__":
     import unittest

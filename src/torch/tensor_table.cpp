@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -44,8 +45,11 @@ int32_t Model::FindStorage(const std::string& key) const {
 
 namespace {
 
-constexpr uint64_t kMaxPaths = 20'000'000;  // visits of (node, path): bounds shared-ref blowup
+// Visits of (container, path) pairs: shared references can make paths exponential in the
+// pickle's size (billion laughs), so the walk is bounded. Scalars are not counted.
+constexpr uint64_t kMaxPaths = 4'000'000;
 constexpr size_t kMaxDims = 64;
+constexpr size_t kMaxProblems = 1000;  // more are counted, not listed
 
 class Walker {
  public:
@@ -57,10 +61,17 @@ class Walker {
     if (g_.root == kNil) return;
     std::string path;
     Visit(g_.root, path, 0);
+    if (suppressed_) {
+      m_.problems.push_back({"<more>", fmt::format("{} more problems not listed", suppressed_)});
+    }
   }
 
  private:
   void Problem(const std::string& where, const std::string& what) {
+    if (m_.problems.size() >= kMaxProblems) {
+      ++suppressed_;
+      return;
+    }
     m_.problems.push_back({where, what});
   }
 
@@ -70,7 +81,7 @@ class Walker {
   }
 
   void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (n == kNil) return;
+    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) return;
     if (++visits_ > kMaxPaths) {
       Fail("object graph has more than {} paths to walk (shared references); refusing",
            kMaxPaths);
@@ -150,6 +161,7 @@ class Walker {
   }
 
   void BareStorage(NodeId persid, const std::string& path) {
+    if (failed_.count(persid)) return;
     // Legacy files saving a whole nn.Module also carry ('module', cls, file, source) ids.
     NodeId pid = g_.compound(persid).args;
     if (pid != kNil && g_.kind(pid) == Kind::kTuple && !g_.items(pid).empty() &&
@@ -162,6 +174,7 @@ class Walker {
       m_.storages[index].used_whole = true;
       m_.bare_refs.emplace_back(persid, index);
     } catch (const Error& e) {
+      failed_.insert(persid);
       Problem(path.empty() ? "<root>" : path, e.what());
     }
   }
@@ -170,8 +183,16 @@ class Walker {
   bool TryTensor(NodeId obj, const std::string& path) {
     NodeId fn = g_.CalledGlobal(obj);
     if (fn == kNil) return false;
+    // A broken tensor reached again through shared references was reported once already:
+    // re-checking it on every path would let a small hostile pickle cost millions of errors.
+    if (failed_.count(obj)) return true;
+    size_t tensors = m_.tensors.size(), problems = m_.problems.size() + suppressed_;
     NodeId args = g_.compound(obj).args;
-    return Recognize(fn, args, obj, path, "tensor");
+    bool recognized = Recognize(fn, args, obj, path, "tensor");
+    if (recognized && m_.tensors.size() == tensors && m_.problems.size() + suppressed_ > problems) {
+      failed_.insert(obj);
+    }
+    return recognized;
   }
 
   // Is `fn(*args)` a tensor? Records it (under `path`) if so.
@@ -424,6 +445,8 @@ class Walker {
   std::vector<bool> on_path_;
   std::unordered_map<std::string, int32_t> by_key_;
   uint64_t visits_ = 0;
+  uint64_t suppressed_ = 0;
+  std::unordered_set<NodeId> failed_;
   std::string top_;  // first path component of what is being visited
 };
 

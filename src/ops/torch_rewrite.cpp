@@ -380,13 +380,10 @@ void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
   }
   if (!m.notes.empty()) Fail("{}: {}; not rewriting what ckptool does not fully understand", f.path, m.notes[0]);
   if (allow_unsafe_globals) return;
-  for (pickle::NodeId id = 0; id < m.graph.nodes.size(); ++id) {
-    if (m.graph.kind(id) == pickle::Kind::kGlobal &&
-        torch::ClassifyGlobal(m.graph.global_module(id), m.graph.global_name(id)) ==
-            torch::GlobalClass::kUnsafe) {
-      Fail("{}: the pickle imports {}, which can run code when loaded; not rewriting it "
-           "(--allow-unsafe-globals overrides)", f.path, m.graph.GlobalText(id));
-    }
+  std::vector<pickle::NodeId> unsafe = torch::UnsafeGlobals(m.graph);
+  if (!unsafe.empty()) {
+    Fail("{}: the pickle imports {}, which can run code when loaded; not rewriting it "
+         "(--allow-unsafe-globals overrides)", f.path, m.graph.GlobalText(unsafe[0]));
   }
 }
 

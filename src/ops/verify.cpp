@@ -53,15 +53,11 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
 }
 
 void CheckGlobals(const torch::Model& m, VerifyResult& out) {
-  for (pickle::NodeId id = 0; id < m.graph.nodes.size(); ++id) {
-    if (m.graph.kind(id) != pickle::Kind::kGlobal) continue;
-    if (torch::ClassifyGlobal(m.graph.global_module(id), m.graph.global_name(id)) ==
-        torch::GlobalClass::kUnsafe) {
-      out.problems.push_back(
-          {fmt::format("pickle offset {}", m.graph.at(id).stream_offset),
-           fmt::format("imports {}, which can run code or reach the system when unpickled",
-                       m.graph.GlobalText(id))});
-    }
+  for (pickle::NodeId id : torch::UnsafeGlobals(m.graph)) {
+    out.problems.push_back(
+        {fmt::format("pickle offset {}", m.graph.at(id).stream_offset),
+         fmt::format("imports {}, which can run code or reach the system when unpickled",
+                     m.graph.GlobalText(id))});
   }
 }
 

@@ -88,6 +88,17 @@ GlobalClass ClassifyGlobal(std::string_view module, std::string_view name) {
   return GlobalClass::kOther;
 }
 
+std::vector<pickle::NodeId> UnsafeGlobals(const pickle::Graph& graph) {
+  std::vector<pickle::NodeId> out;
+  for (pickle::NodeId id = 0; id < graph.nodes.size(); ++id) {
+    if (graph.kind(id) == pickle::Kind::kGlobal &&
+        ClassifyGlobal(graph.global_module(id), graph.global_name(id)) == GlobalClass::kUnsafe) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
 const char* GlobalClassName(GlobalClass c) {
   switch (c) {
     case GlobalClass::kTorchAllowed: return "torch-allowed";

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
+
+#include "pickle/graph.h"
 
 namespace ckpt::torch {
 
@@ -15,5 +18,8 @@ enum class GlobalClass { kTorchAllowed, kOther, kUnsafe };
 
 GlobalClass ClassifyGlobal(std::string_view module, std::string_view name);
 const char* GlobalClassName(GlobalClass c);
+
+// Every global node of `graph` classified kUnsafe, in stream order.
+std::vector<pickle::NodeId> UnsafeGlobals(const pickle::Graph& graph);
 
 }  // namespace ckpt::torch

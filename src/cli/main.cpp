@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
   } catch (const ckpt::Error& e) {
     ckpt::cli::PrintError(e.what());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A folder walk or file operation the system refused: name the path and the reason.
+    ckpt::cli::PrintError(fmt::format("{}: {}", e.path1().string(), e.code().message()));
+    return 1;
   } catch (const std::exception& e) {
     ckpt::cli::PrintError(std::string("internal error: ") + e.what());
     return 1;

@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <utility>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "io/temp_files.h"
 
 namespace ckpt {
@@ -25,49 +27,86 @@ std::string DirOf(const std::string& path) {
   return dir.empty() ? "." : dir;
 }
 
-[[noreturn]] void FailErrno(const std::string& path, const char* what, int err) {
+[[noreturn]] void FailErrno(const std::string& path, std::string_view what, int err) {
   if (err == ENOSPC || err == EDQUOT) Fail("{}: {}: no space left on device", path, what);
   Fail("{}: {}: {}", path, what, std::strerror(err));
 }
 
-}  // namespace
-
+// Bytes free for an unprivileged writer in the folder holding `path`.
 uint64_t FreeSpaceFor(const std::string& path) {
   struct statvfs st {};
   if (::statvfs(DirOf(path).c_str(), &st) != 0) return UINT64_MAX;
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
-AtomicOutput AtomicOutput::Create(const std::string& final_path, uint64_t size) {
+// The file that writing `path` replaces, or `path` when nothing is there yet. A symlink is
+// followed, so a link such as Lightning's last.ckpt keeps pointing at the (now smaller) file
+// instead of becoming a copy of it. An existing file is replaced only if this user could
+// write it in place: rename() needs only the folder's permission, and a read-only
+// checkpoint (or one owned by someone else) is not silently swapped behind its mode bits.
+std::string ReplacedFile(const std::string& path, bool* exists) {
+  struct stat st {};
+  *exists = false;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return path;
+    FailErrno(path, "cannot stat", errno);
+  }
+  std::string target = path;
+  if (S_ISLNK(st.st_mode)) {
+    std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+    if (!real) FailErrno(path, "cannot follow the symlink", errno);
+    target = real.get();
+    if (::stat(target.c_str(), &st) != 0) FailErrno(path, "cannot stat", errno);
+  }
+  if (!S_ISREG(st.st_mode)) Fail("{}: not a regular file; nothing was replaced", path);
+  if (::faccessat(AT_FDCWD, target.c_str(), W_OK, AT_EACCESS) != 0) {
+    Fail("{}: no permission to replace it ({}); nothing was replaced", path, std::strerror(errno));
+  }
+  *exists = true;
+  return target;
+}
+
+}  // namespace
+
+AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   InstallInterruptHandlers();
-  RemoveStaleTempFiles(final_path);
   AtomicOutput out;
-  out.final_path_ = final_path;
+  out.final_path_ = ReplacedFile(path, &out.replaces_);
+  const std::string& final_path = out.final_path_;
+  uint64_t free_bytes = FreeSpaceFor(final_path);
+  if (free_bytes < size) {
+    Fail("{}: the output needs {} but only {} is free there", path, HumanBytes(size),
+         HumanBytes(free_bytes));
+  }
+  RemoveStaleTempFiles(final_path);
   out.temp_path_ = TempPathFor(final_path);
   out.fd_ = ::open(out.temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (out.fd_ < 0) FailErrno(out.temp_path_, "cannot create temp file", errno);
+  if (out.fd_ < 0)
+    FailErrno(path, fmt::format("cannot create a file in {}", DirOf(final_path)), errno);
   out.slot_ = RegisterTempFile(out.temp_path_);
   if (size > 0) {
     // Reserve the blocks so a full disk fails now, not half-way. tmpfs is the exception:
     // there fallocate zero-fills every page up front (as mold notes, ~1.8 s for 5 GiB),
-    // and the free-space check before this call already covers it.
+    // and the free-space check above already covers it.
     struct statfs fs {};
     bool tmpfs = ::fstatfs(out.fd_, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
     int rc = tmpfs ? EOPNOTSUPP : ::posix_fallocate(out.fd_, 0, static_cast<off_t>(size));
     if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(out.fd_, static_cast<off_t>(size)) ? errno : 0;
-    if (rc != 0) FailErrno(out.temp_path_, "cannot reserve space for the output", rc);
+    if (rc != 0) FailErrno(path, "cannot reserve space for the output", rc);
   }
   return out;
 }
 
 AtomicOutput::AtomicOutput(AtomicOutput&& other) noexcept
     : final_path_(std::move(other.final_path_)),
+      replaces_(other.replaces_),
       temp_path_(std::move(other.temp_path_)),
       fd_(std::exchange(other.fd_, -1)),
       slot_(std::exchange(other.slot_, -1)),
       committed_(std::exchange(other.committed_, true)),
       mode_set_(other.mode_set_),
-      dirty_(other.dirty_.load()) {}
+      dirty_(other.dirty_.load()),
+      inputs_(std::move(other.inputs_)) {}
 
 AtomicOutput::~AtomicOutput() { Discard(); }
 
@@ -84,7 +123,7 @@ void AtomicOutput::Write(uint64_t offset, Bytes data) {
   while (!data.empty()) {
     ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) FailErrno(temp_path_, "write failed", n < 0 ? errno : EIO);
+    if (n <= 0) FailErrno(final_path_, "writing the new file failed", n < 0 ? errno : EIO);
     data = data.subspan(static_cast<size_t>(n));
     offset += static_cast<uint64_t>(n);
   }
@@ -108,7 +147,7 @@ void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint
     size_t want = static_cast<size_t>(std::min<uint64_t>(kBuf, size));
     ssize_t n = ::pread(in_fd, buf.get(), want, static_cast<off_t>(in_offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) FailErrno(temp_path_, "reading the input failed", n < 0 ? errno : EIO);
+    if (n <= 0) FailErrno(final_path_, "reading the input failed", n < 0 ? errno : EIO);
     Write(offset, Bytes(buf.get(), static_cast<size_t>(n)));
     in_offset += static_cast<uint64_t>(n);
     offset += static_cast<uint64_t>(n);
@@ -117,7 +156,7 @@ void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint
 }
 
 void AtomicOutput::Sync() {
-  if (::fsync(fd_) != 0) FailErrno(temp_path_, "fsync failed", errno);
+  if (::fsync(fd_) != 0) FailErrno(final_path_, "fsync of the new file failed", errno);
   dirty_ = false;
 }
 
@@ -137,17 +176,24 @@ mode_t DefaultMode() {
 void AtomicOutput::SetMode(mode_t mode, uid_t uid, gid_t gid) {
   mode_set_ = true;
   dirty_ = true;
-  if (::fchown(fd_, uid, gid) != 0 && errno != EPERM) FailErrno(temp_path_, "chown failed", errno);
-  if (::fchmod(fd_, mode & 07777) != 0) FailErrno(temp_path_, "chmod failed", errno);
+  if (::fchown(fd_, uid, gid) != 0 && errno != EPERM) FailErrno(final_path_, "chown failed", errno);
+  if (::fchmod(fd_, mode & 07777) != 0) FailErrno(final_path_, "chmod failed", errno);
 }
 
 void AtomicOutput::SetDefaultMode() {
-  if (::fchmod(fd_, DefaultMode()) != 0) FailErrno(temp_path_, "chmod failed", errno);
+  if (::fchmod(fd_, DefaultMode()) != 0) FailErrno(final_path_, "chmod failed", errno);
   mode_set_ = true;
   dirty_ = true;
 }
 
 void AtomicOutput::Commit() {
+  for (const MappedFile::Stamp& input : inputs_) {
+    if (!input.ChangedOnDisk()) continue;
+    if (replaces_)
+      Fail("{}: the file changed while it was being processed; nothing was replaced", input.path);
+    Fail("{}: the file changed while it was being processed; {} was not written", input.path,
+         final_path_);
+  }
   if (!mode_set_) SetDefaultMode();
   if (dirty_) Sync();
   if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {

@@ -1,9 +1,11 @@
 // An output file that replaces its destination only when complete and durable.
 //
-// Create() makes a temp file in the destination's folder (same filesystem, so rename is
-// atomic), reserves its full size up front (a full disk fails here, before any work), and
-// registers it for removal on Ctrl-C. Commit() fsyncs the data, renames over the
-// destination and fsyncs the folder. Destroying an uncommitted output removes the temp file.
+// Create() settles what will be replaced (a symlink's target, never the link; only a file
+// this user may write), checks the free space, makes a temp file in that file's folder (same
+// filesystem, so rename is atomic), reserves its full size up front (a full disk fails here,
+// before any work), and registers it for removal on Ctrl-C. Commit() refuses if an input it
+// was told about changed meanwhile, then fsyncs the data, renames over the destination and
+// fsyncs the folder. Destroying an uncommitted output removes the temp file.
 #pragma once
 
 #include <sys/types.h>
@@ -11,14 +13,18 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/byte_cursor.h"
+#include "io/mapped_file.h"
 
 namespace ckpt {
 
 class AtomicOutput {
  public:
-  static AtomicOutput Create(const std::string& final_path, uint64_t size);
+  // Throws ckpt::Error naming `path` when it cannot: not enough space, a folder it may not
+  // create files in, an existing file it may not write.
+  static AtomicOutput Create(const std::string& path, uint64_t size);
 
   AtomicOutput(AtomicOutput&& other) noexcept;
   AtomicOutput& operator=(AtomicOutput&&) = delete;
@@ -27,6 +33,7 @@ class AtomicOutput {
 
   int fd() const { return fd_; }
   const std::string& temp_path() const { return temp_path_; }
+  // The file Commit() replaces: `path` itself, or the file it links to.
   const std::string& final_path() const { return final_path_; }
 
   // Thread-safe positioned writes.
@@ -42,6 +49,9 @@ class AtomicOutput {
   void SetMode(mode_t mode, uid_t uid, gid_t gid);
   // A new file's usual mode (0666 less the umask), set now rather than at Commit().
   void SetDefaultMode();
+  // Commit() fails, leaving the destination as it was, if `input` changed on disk after it
+  // was opened: what was written came from a file that is no longer there.
+  void RequireUnchanged(const MappedFile& input) { inputs_.push_back(input.stamp()); }
   void Commit();
 
  private:
@@ -49,15 +59,14 @@ class AtomicOutput {
   void Discard();
 
   std::string final_path_;
+  bool replaces_ = false;  // final_path_ existed at Create()
   std::string temp_path_;
   int fd_ = -1;
   int slot_ = -1;
   bool committed_ = false;
   bool mode_set_ = false;
   std::atomic<bool> dirty_{true};  // written since the last fsync
+  std::vector<MappedFile::Stamp> inputs_;
 };
-
-// Bytes free for an unprivileged writer in the folder holding `path`.
-uint64_t FreeSpaceFor(const std::string& path);
 
 }  // namespace ckpt

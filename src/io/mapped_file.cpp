@@ -15,6 +15,10 @@ namespace {
 
 constexpr uint64_t kPageSize = 4096;
 
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 [[noreturn]] void FailErrno(const std::string& path, const char* what) {
   Fail("{}: {}: {}", path, what, std::strerror(errno));
 }
@@ -30,8 +34,7 @@ MappedFile MappedFile::Open(const std::string& path) {
   if (::fstat(f.fd_, &st) != 0) FailErrno(path, "cannot stat");
   if (!S_ISREG(st.st_mode)) Fail("{}: not a regular file", path);
   f.size_ = static_cast<uint64_t>(st.st_size);
-  f.mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  f.inode_ = st.st_ino;
+  f.stamp_ = {path, f.size_, MtimeNs(st), st.st_ino};
   f.mode_ = st.st_mode;
   f.uid_ = st.st_uid;
   f.gid_ = st.st_gid;
@@ -52,8 +55,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     fd_ = std::exchange(other.fd_, -1);
-    mtime_ns_ = other.mtime_ns_;
-    inode_ = other.inode_;
+    stamp_ = std::move(other.stamp_);
     mode_ = other.mode_;
     uid_ = other.uid_;
     gid_ = other.gid_;
@@ -76,11 +78,10 @@ MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
   f.Populate(offset, size);
 }
 
-bool MappedFile::ChangedOnDisk() const {
+bool MappedFile::Stamp::ChangedOnDisk() const {
   struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) return true;
-  int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  return st.st_ino != inode_ || static_cast<uint64_t>(st.st_size) != size_ || mtime != mtime_ns_;
+  if (::stat(path.c_str(), &st) != 0) return true;
+  return st.st_ino != inode || static_cast<uint64_t>(st.st_size) != size || MtimeNs(st) != mtime_ns;
 }
 
 void MappedFile::AdviseSequential(uint64_t offset, uint64_t size) const {

@@ -27,14 +27,21 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   int fd() const { return fd_; }
-  // Modification time (ns) and inode at open: lets writers detect a file changed under them.
-  int64_t mtime_ns() const { return mtime_ns_; }
-  ino_t inode() const { return inode_; }
   mode_t mode() const { return mode_; }
   uid_t uid() const { return uid_; }
   gid_t gid() const { return gid_; }
-  // True if the file at path() is no longer the one we mapped, as it was (size, mtime, inode).
-  bool ChangedOnDisk() const;
+
+  // What the file was when it was opened: its size, modification time and inode. Another
+  // process that writes, truncates or replaces it changes at least one of them.
+  struct Stamp {
+    std::string path;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    ino_t inode = 0;
+    // True if the file at `path` is no longer the one stamped, as it was.
+    bool ChangedOnDisk() const;
+  };
+  const Stamp& stamp() const { return stamp_; }
 
   // A piece of the file being streamed through: mapped in one call when created, dropped
   // from our resident set when destroyed. Keeps RSS flat and page faults few.
@@ -69,8 +76,7 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   int fd_ = -1;
-  int64_t mtime_ns_ = 0;
-  ino_t inode_ = 0;
+  Stamp stamp_;
   mode_t mode_ = 0;
   uid_t uid_ = 0;
   gid_t gid_ = 0;

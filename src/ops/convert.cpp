@@ -144,10 +144,9 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
   std::vector<safetensors::OutTensor> outs;
   for (const StPlan& p : plan) outs.push_back(p.out);
   safetensors::Layout layout = safetensors::LayOut(outs, st.metadata);
-  uint64_t free_bytes = FreeSpaceFor(output);
-  if (free_bytes < layout.total_size) Fail("{}: not enough free space for the output", output);
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
+  out.RequireUnchanged(f.map);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
   for (const StPlan& p : plan) sizes.push_back(p.out.size);

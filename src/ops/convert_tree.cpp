@@ -67,6 +67,7 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
 void CopyFile(const Job& job) {
   MappedFile in = MappedFile::Open(job.input);
   AtomicOutput out = AtomicOutput::Create(job.output, in.size());
+  out.RequireUnchanged(in);
   out.CopyFrom(in.fd(), 0, 0, in.size());
   out.SetMode(in.mode(), in.uid(), in.gid());
   out.Commit();
@@ -97,6 +98,7 @@ uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& sto
   j["metadata"]["total_size"] = total;
   std::string text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   AtomicOutput out = AtomicOutput::Create(job.output, text.size());
+  out.RequireUnchanged(in);
   out.Write(0, AsBytes(text));
   out.SetMode(in.mode(), in.uid(), in.gid());
   out.Commit();

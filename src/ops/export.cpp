@@ -102,9 +102,9 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
     outs.push_back({it.name, it.dtype, t.shape, it.size});
   }
   safetensors::Layout layout = safetensors::LayOut(outs, meta);
-  if (FreeSpaceFor(path) < layout.total_size) Fail("{}: not enough free space", path);
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(path, layout.total_size);
+  for (const auto& f : files) out.RequireUnchanged(f->map);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
   for (const Item& it : items) {

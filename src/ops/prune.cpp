@@ -1,10 +1,13 @@
 #include "ops/prune.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -144,8 +147,16 @@ bool MatchesAny(const std::vector<std::string>& globs, const std::string& name) 
 // Rename first (atomic: the checkpoint's name is gone at once), then delete.
 void Trash(const fs::path& root, const std::string& name) {
   fs::path trash = root / fmt::format("{}{}-{}", kTrashPrefix, name, ::getpid());
-  fs::rename(root / name, trash);
-  fs::remove_all(trash);
+  std::error_code ec;
+  fs::rename(root / name, trash, ec);
+  if (ec) Fail("{}: cannot delete it: {}; it is untouched", (root / name).string(), ec.message());
+  fs::remove_all(trash, ec);
+  if (ec) {
+    Fail(
+        "{}: renamed to {} for deletion, but deleting it failed: {}; the next prune --yes removes "
+        "the rest",
+        (root / name).string(), trash.filename().string(), ec.message());
+  }
 }
 
 void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
@@ -242,6 +253,13 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
     if (!e.keep) r.bytes_freed += e.bytes;
   }
   if (!o.yes) return r;
+  // A folder this user may not change fails here, before anything is deleted.
+  bool deletes =
+      std::any_of(r.entries.begin(), r.entries.end(), [](const PruneEntry& e) { return !e.keep; });
+  if (deletes && ::faccessat(AT_FDCWD, root.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    Fail("{}: cannot delete checkpoints in this folder ({}); nothing was deleted", root_arg,
+         std::strerror(errno));
+  }
   for (PruneEntry& e : r.entries) {
     if (!e.keep) Trash(root, e.name);
   }

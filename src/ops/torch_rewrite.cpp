@@ -8,14 +8,13 @@
 #include <unordered_map>
 
 #include "base/error.h"
-#include "base/human.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
-#include "pickle/graph_compare.h"
 #include "ops/piece_writer.h"
 #include "ops/tensor_bytes.h"
+#include "pickle/graph_compare.h"
 #include "pickle/writer.h"
 #include "torch/global_policy.h"
 
@@ -192,13 +191,9 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
   const torch::TorchFile& tf = *in_.torch;
   Bytes file = in_.map.bytes();
   uint64_t total = zip_.total_size();
-  uint64_t free_bytes = FreeSpaceFor(final_path);
-  if (free_bytes < total) {
-    Fail("{}: the output needs {} but only {} is free there", final_path, HumanBytes(total),
-         HumanBytes(free_bytes));
-  }
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(final_path, total);
+  out.RequireUnchanged(in_.map);
   const auto& placed = zip_.records();
   std::vector<uint32_t> crcs(records_.size(), 0);
   std::vector<uint64_t> sizes(records_.size(), 0);
@@ -288,9 +283,6 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     PerfTimer verify("verify");
     Verify(written, threads);
   });
-  if (in_.map.ChangedOnDisk()) {
-    Fail("{}: the file changed while it was being processed; nothing was replaced", in_.path);
-  }
   PerfTimer commit("rename and fsync folder");
   out.Commit();
 }
@@ -389,6 +381,7 @@ void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
 
 void CopyUnchanged(const CheckpointFile& f, const std::string& dest) {
   AtomicOutput out = AtomicOutput::Create(dest, f.map.size());
+  out.RequireUnchanged(f.map);
   out.CopyFrom(f.map.fd(), 0, 0, f.map.size());
   out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
   out.Commit();

@@ -33,16 +33,24 @@ class CrashSafetyTest(CkptTestCase):
         self.assertEqual(inspect(self.ckpt)["wasted_bytes"], 0)
         return "replaced"
 
+    def restore(self):
+        if read_bytes(self.ckpt) != self.original:
+            with open(self.ckpt, "wb") as f:
+                f.write(self.original)
+
     def test_sigkill_at_random_moments(self):
+        # How long a whole run takes here, so the kills spread over all of it (parsing,
+        # writing, fsync, verification, rename) and a little after.
+        start = time.monotonic()
+        run("shrink", self.ckpt)
+        duration = time.monotonic() - start
         rng = random.Random(1)
         outcomes = []
-        for attempt in range(8):
-            if read_bytes(self.ckpt) != self.original:
-                with open(self.ckpt, "wb") as f:
-                    f.write(self.original)
+        for attempt in range(20):
+            self.restore()
             p = subprocess.Popen([CKPTOOL, "shrink", self.ckpt], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.0, 0.4))
+            time.sleep(rng.uniform(0.0, duration * 1.1))
             p.send_signal(signal.SIGKILL)
             p.wait()
             outcomes.append(self.assert_original_or_replaced())
@@ -53,7 +61,8 @@ class CrashSafetyTest(CkptTestCase):
         # The next run on that file removes temp files left by dead runs.
         run("shrink", self.ckpt)
         self.assertEqual(sorted(os.listdir(self.tmp)), ["model.pt"])
-        print(f"\nSIGKILL outcomes: {outcomes}")
+        print(f"\nwhole run {duration:.3f} s; SIGKILL outcomes: {outcomes}")
+        self.assertIn("original", outcomes)  # the kills did land mid-run
 
     def test_sigint_and_sigterm_remove_the_temp_file(self):
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -162,9 +162,9 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     if (!f->torch) Fail("{}: already safetensors (use ckptool convert to change dtypes)", path);
     const torch::Model& m = f->torch->model;
     if (!m.problems.empty()) Fail("{}: {}: {} (run ckptool verify)", path, m.problems[0].where, m.problems[0].what);
-    for (pickle::NodeId id : torch::UnsafeGlobals(m.graph)) {
-      r.warnings.push_back(fmt::format("{}: the pickle imports {} (never run; left behind by export)", path,
-                                       m.graph.GlobalText(id)));
+    for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
+      r.warnings.push_back(
+          fmt::format("{}: the pickle {} (never run; left behind by export)", path, u.what));
     }
     files.push_back(std::move(f));
   }

@@ -99,6 +99,17 @@ std::string RenderText(const FileReport& r, size_t top_n) {
       out += fmt::format("    {:<56} {}\n", g.name, mark);
     }
   }
+  if (!r.unsafe_calls.empty()) {
+    out +=
+        "\n  UNSAFE CALLS (objects the pickle computes, then calls: how gadget chains run code)\n";
+    constexpr size_t kShown = 20;
+    for (size_t i = 0; i < r.unsafe_calls.size() && i < kShown; ++i) {
+      out += fmt::format("    pickle offset {}: {}\n", r.unsafe_calls[i].pickle_offset,
+                         r.unsafe_calls[i].what);
+    }
+    if (r.unsafe_calls.size() > kShown)
+      out += fmt::format("    ... and {} more\n", r.unsafe_calls.size() - kShown);
+  }
   if (!r.metadata.empty()) {
     out += "\n  METADATA\n";
     for (const auto& [k, v] : r.metadata) out += fmt::format("    {} = {}\n", k, v);
@@ -166,6 +177,10 @@ nlohmann::ordered_json RenderJson(const FileReport& r) {
     j["globals"].push_back(g.name);
     if (g.cls == torch::GlobalClass::kUnsafe) j["unsafe_globals"].push_back(g.name);
     if (g.cls != torch::GlobalClass::kTorchAllowed) j["weights_only_refused_globals"].push_back(g.name);
+  }
+  j["unsafe_calls"] = json::array();
+  for (const UnsafeCallRow& c : r.unsafe_calls) {
+    j["unsafe_calls"].push_back({{"pickle_offset", c.pickle_offset}, {"what", c.what}});
   }
   j["metadata"] = r.metadata;
   j["notes"] = r.notes;

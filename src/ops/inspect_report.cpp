@@ -158,6 +158,11 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
   }
   std::sort(r.globals.begin(), r.globals.end(),
             [](const GlobalRow& a, const GlobalRow& b) { return a.name < b.name; });
+  for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
+    if (m.graph.kind(u.node) == pickle::Kind::kObject) {
+      r.unsafe_calls.push_back({m.graph.at(u.node).stream_offset, u.what});
+    }
+  }
 }
 
 void FromSafetensors(const CheckpointFile& f, FileReport& r) {

@@ -47,6 +47,12 @@ struct GlobalRow {
   torch::GlobalClass cls = torch::GlobalClass::kOther;
 };
 
+// A call of a computed object (see torch::FindUnsafe); unsafe imports are GlobalRows.
+struct UnsafeCallRow {
+  uint64_t pickle_offset = 0;
+  std::string what;
+};
+
 struct FileReport {
   std::string path;
   Format format = Format::kTorchZip;
@@ -65,6 +71,7 @@ struct FileReport {
   std::vector<Rollup> by_dtype;
   std::vector<Rollup> by_key;
   std::vector<GlobalRow> globals;
+  std::vector<UnsafeCallRow> unsafe_calls;
   std::vector<torch::Problem> problems;
   std::vector<std::string> notes;
   std::map<std::string, std::string> metadata;  // safetensors __metadata__

@@ -372,10 +372,12 @@ void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
   }
   if (!m.notes.empty()) Fail("{}: {}; not rewriting what ckptool does not fully understand", f.path, m.notes[0]);
   if (allow_unsafe_globals) return;
-  std::vector<pickle::NodeId> unsafe = torch::UnsafeGlobals(m.graph);
+  std::vector<torch::UnsafeFinding> unsafe = torch::FindUnsafe(m.graph);
   if (!unsafe.empty()) {
-    Fail("{}: the pickle imports {}, which can run code when loaded; not rewriting it "
-         "(--allow-unsafe-globals overrides)", f.path, m.graph.GlobalText(unsafe[0]));
+    Fail(
+        "{}: the pickle {}, which can run code when loaded; not rewriting it "
+        "(--allow-unsafe-globals overrides)",
+        f.path, unsafe[0].what);
   }
 }
 

@@ -53,11 +53,9 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
 }
 
 void CheckGlobals(const torch::Model& m, VerifyResult& out) {
-  for (pickle::NodeId id : torch::UnsafeGlobals(m.graph)) {
-    out.problems.push_back(
-        {fmt::format("pickle offset {}", m.graph.at(id).stream_offset),
-         fmt::format("imports {}, which can run code or reach the system when unpickled",
-                     m.graph.GlobalText(id))});
+  for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
+    out.problems.push_back({fmt::format("pickle offset {}", m.graph.at(u.node).stream_offset),
+                            u.what + ", which can run code or reach the system when unpickled"});
   }
 }
 

@@ -171,10 +171,20 @@ class Parser {
 
   void Step(uint8_t code);
 
+  // BUILD/SETITEM/APPEND applied to an imported object itself (a module, class or
+  // function): a regular unpickler would modify it for the rest of the process.
+  std::string Tampering(NodeId global) const {
+    return fmt::format(
+        "the imported object {}: a regular unpickler would modify it in place "
+        "(monkey-patching); refused",
+        g_.GlobalText(global));
+  }
+
   // APPEND(S)/ADDITEMS/SETITEM(S): add values to the container (or object) on the stack top.
   void Extend(const char* opname, Kind container, bool pairs, std::vector<NodeId> values) {
     NodeId target = Top();
     Kind k = g_.kind(target);
+    if (k == Kind::kGlobal) Error(fmt::format("{} on {}", opname, Tampering(target)));
     if (k != container && k != Kind::kObject) Error(fmt::format("{} on a {}", opname, KindName(k)));
     auto& dst = pairs ? C(target).pairs : C(target).items;
     for (NodeId v : values) {
@@ -375,6 +385,7 @@ void Parser::Step(uint8_t code) {
     case op::kBuild: {
       NodeId state = Pop();
       NodeId target = Top();
+      if (g_.kind(target) == Kind::kGlobal) Error("BUILD on " + Tampering(target));
       if (g_.kind(target) != Kind::kObject) {
         Error(fmt::format("BUILD on a {}", KindName(g_.kind(target))));
       }

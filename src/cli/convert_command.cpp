@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "io/parallel.h"
@@ -92,7 +93,8 @@ int RunConvert(ConvertCliOptions o) {
     storage_bytes[std::filesystem::path(r.output).filename().string()] = r.storage_bytes;
     before += r.before;
     after += r.after;
-    for (const std::string& w : r.warnings) std::cerr << fmt::format("ckptool: warning: {}: {}\n", r.path, w);
+    for (const std::string& w : r.warnings)
+      std::cerr << "ckptool: warning: " << Printable(r.path + ": " + w) << "\n";
     if (o.json) {
       doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},
                               {"after", r.after}, {"converted_tensors", r.converted},

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/size_parse.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "io/parallel.h"
 #include "ops/export.h"
@@ -33,7 +34,7 @@ int RunExport(const ExportCliOptions& o) {
   if (!o.max_shard_size.empty()) eo.max_shard_size = ParseSize(o.max_shard_size);
   eo.threads = o.threads;
   ExportResult r = Export(o.sources, o.to, eo);
-  for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << w << "\n";
+  for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << Printable(w) << "\n";
   if (o.json) {
     nlohmann::ordered_json j = {{"selected", r.selected}, {"files", r.files}, {"tensors", r.tensors},
                                 {"aliases", r.aliases}, {"bytes", r.bytes}};

@@ -7,8 +7,9 @@
 
 #include "base/error.h"
 #include "base/perf.h"
-#include "io/temp_files.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
+#include "io/temp_files.h"
 
 namespace ckpt::cli {
 
@@ -38,7 +39,7 @@ void PrintJson(const nlohmann::ordered_json& doc) {
 
 void PrintError(const std::string& message) {
   std::fflush(stdout);
-  std::fprintf(stderr, "ckptool: error: %s\n", message.c_str());
+  std::fprintf(stderr, "ckptool: error: %s\n", Printable(message).c_str());
 }
 
 }  // namespace ckpt::cli

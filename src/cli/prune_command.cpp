@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "io/parallel.h"
 #include "ops/prune.h"
@@ -32,10 +33,11 @@ int RunPrune(PruneCliOptions o) {
     PrintJson(j);
     return 0;
   }
-  for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";
+  for (const std::string& n : r.notes) std::cout << "note: " << Printable(n) << "\n";
   std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}\n", "step", "checkpoint", "size", "decision");
   for (const PruneEntry& e : r.entries) {
-    std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, e.name, HumanBytes(e.bytes),
+    std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, Printable(e.name),
+                             HumanBytes(e.bytes),
                              e.keep ? "keep" : (o.p.yes ? "deleted" : "delete"), e.reason);
   }
   std::cout << fmt::format("{} {}{}\n", o.p.yes ? "Freed" : "Would free", HumanBytes(r.bytes_freed),

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "io/parallel.h"
 #include "ops/checkpoint_file.h"
@@ -69,7 +70,9 @@ int RunStrip(StripCliOptions o) {
       nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
       for (const DroppedEntry& d : r.dropped) {
         dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
-        if (!o.json) std::cout << fmt::format("{}: drop {} ({})\n", f, d.path, HumanBytes(d.bytes));
+        if (!o.json)
+          std::cout << Printable(fmt::format("{}: drop {} ({})", f, d.path, HumanBytes(d.bytes)))
+                    << "\n";
       }
       if (o.json) {
         doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},

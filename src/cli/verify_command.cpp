@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "io/parallel.h"
 #include "ops/verify.h"
@@ -30,7 +31,9 @@ int RunVerify(const VerifyOptions& o) {
     try {
       CheckpointFile f = OpenCheckpoint(path);
       VerifyResult r = Verify(f, o.threads);
-      for (const auto& p : r.problems) std::cout << fmt::format("{}: {}: {}\n", path, p.where, p.what);
+      for (const auto& p : r.problems) {
+        std::cout << Printable(fmt::format("{}: {}: {}", path, p.where, p.what)) << "\n";
+      }
       problems += r.problems.size();
       if (!r.problems.empty()) {
         ++bad_files;
@@ -39,10 +42,10 @@ int RunVerify(const VerifyOptions& o) {
                                ? fmt::format("{} records, {} CRC-checked", r.records_checked,
                                              HumanBytes(r.bytes_checked))
                                : "structure checked; the format carries no checksums";
-        std::cout << fmt::format("{}: OK ({}, {})\n", path, FormatName(f.format), what);
+        std::cout << fmt::format("{}: OK ({}, {})\n", Printable(path), FormatName(f.format), what);
       }
     } catch (const Error& e) {
-      std::cout << e.what() << "\n";
+      std::cout << Printable(e.what()) << "\n";
       ++bad_files;
       ++problems;
     }

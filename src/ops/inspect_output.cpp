@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/human.h"
+#include "base/utf8.h"
 
 namespace ckpt {
 
@@ -32,9 +33,9 @@ void RollupTable(std::string& out, const char* title, const char* key_title,
       continue;
     }
     out += fmt::format("    {:<28} {:>8} {:>12} {:>9} {:>12} {:>12} {:>12}\n",
-                       r.key.empty() ? "<root>" : r.key, r.tensors, HumanBytes(r.tensor_bytes),
-                       r.storages, HumanBytes(r.storage_bytes), HumanBytes(r.used_bytes),
-                       HumanBytes(r.storage_bytes - r.used_bytes));
+                       r.key.empty() ? "<root>" : Printable(r.key), r.tensors,
+                       HumanBytes(r.tensor_bytes), r.storages, HumanBytes(r.storage_bytes),
+                       HumanBytes(r.used_bytes), HumanBytes(r.storage_bytes - r.used_bytes));
   }
   if (other.tensors || other.storages) {
     out += fmt::format("    {:<28} {:>8} {:>12} {:>9} {:>12} {:>12} {:>12}\n", other.key,
@@ -48,7 +49,9 @@ void RollupTable(std::string& out, const char* title, const char* key_title,
 
 std::string RenderText(const FileReport& r, size_t top_n) {
   std::string out;
-  out += fmt::format("{}: {}, {} ({} bytes)", r.path, FormatName(r.format),
+  // Every string that comes from the file goes through Printable: names may hold newlines
+  // or terminal escape sequences.
+  out += fmt::format("{}: {}, {} ({} bytes)", Printable(r.path), FormatName(r.format),
                      HumanBytes(r.file_bytes), r.file_bytes);
   if (r.pickle_protocol >= 0) out += fmt::format(", pickle protocol {}", r.pickle_protocol);
   out += "\n";
@@ -85,7 +88,7 @@ std::string RenderText(const FileReport& r, size_t top_n) {
     for (size_t i = 0; i < n; ++i) {
       const TensorRow& t = *rows[i];
       out += fmt::format("    {:>12}  {:<9} {:<20} {}{}\n", HumanBytes(t.bytes), t.dtype,
-                         Shape(t.shape), t.name.empty() ? "<root>" : t.name,
+                         Shape(t.shape), t.name.empty() ? "<root>" : Printable(t.name),
                          t.kind == "tensor" ? "" : fmt::format("  ({})", t.kind));
     }
   }
@@ -96,7 +99,7 @@ std::string RenderText(const FileReport& r, size_t top_n) {
       const char* mark = g.cls == torch::GlobalClass::kUnsafe ? "UNSAFE: can run code or reach the system"
                          : g.cls == torch::GlobalClass::kOther ? "not on torch's weights_only allowlist"
                                                                : "";
-      out += fmt::format("    {:<56} {}\n", g.name, mark);
+      out += fmt::format("    {:<56} {}\n", Printable(g.name), mark);
     }
   }
   if (!r.unsafe_calls.empty()) {
@@ -105,17 +108,20 @@ std::string RenderText(const FileReport& r, size_t top_n) {
     constexpr size_t kShown = 20;
     for (size_t i = 0; i < r.unsafe_calls.size() && i < kShown; ++i) {
       out += fmt::format("    pickle offset {}: {}\n", r.unsafe_calls[i].pickle_offset,
-                         r.unsafe_calls[i].what);
+                         Printable(r.unsafe_calls[i].what));
     }
     if (r.unsafe_calls.size() > kShown)
       out += fmt::format("    ... and {} more\n", r.unsafe_calls.size() - kShown);
   }
   if (!r.metadata.empty()) {
     out += "\n  METADATA\n";
-    for (const auto& [k, v] : r.metadata) out += fmt::format("    {} = {}\n", k, v);
+    for (const auto& [k, v] : r.metadata)
+      out += fmt::format("    {} = {}\n", Printable(k), Printable(v));
   }
-  for (const std::string& n : r.notes) out += fmt::format("  note: {}\n", n);
-  for (const auto& p : r.problems) out += fmt::format("  problem: {}: {}\n", p.where, p.what);
+  for (const std::string& n : r.notes) out += fmt::format("  note: {}\n", Printable(n));
+  for (const auto& p : r.problems) {
+    out += fmt::format("  problem: {}: {}\n", Printable(p.where), Printable(p.what));
+  }
   return out;
 }
 

@@ -20,7 +20,4 @@ bool DecodeQuotedString(std::string_view literal, std::string& out);
 // Python's raw-unicode-escape: bytes are Latin-1 except \uXXXX and \UXXXXXXXX -> UTF-8.
 void DecodeRawUnicodeEscape(std::string_view text, std::string& out);
 
-// Appends code point cp as UTF-8.
-void AppendUtf8(uint32_t cp, std::string& out);
-
 }  // namespace ckpt::pickle

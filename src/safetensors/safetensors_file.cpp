@@ -8,6 +8,7 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "base/utf8.h"
 #include "safetensors/safetensors_writer.h"
 
 namespace ckpt::safetensors {
@@ -36,20 +37,6 @@ const DTypeRow* FindDType(std::string_view name) {
     if (d.name == name) return &d;
   }
   return nullptr;
-}
-
-bool ValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
 }
 
 TensorEntry ReadEntry(const std::string& name, const nlohmann::json& v) {

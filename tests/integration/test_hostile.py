@@ -153,6 +153,21 @@ class HostilePickleTest(CkptTestCase):
         r = subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True, text=True, timeout=120)
         self.assertEqual(r.stdout.strip(), "system", "the patch is real: torch.load applies it")
 
+    def test_names_cannot_break_lines_or_reach_the_terminal(self):
+        p = self.path("names.pt")
+        name = "evil\n\x1b[2J\x1b]0;title\x07\u009b"
+        torch.save({name: torch.zeros(2), "ok": torch.ones(1)[0:1]}, p)
+        human = run("inspect", p).stdout
+        self.assertNotIn("\x1b", human)
+        self.assertNotIn("\x07", human)
+        self.assertNotIn("\u009b", human)
+        self.assertIn("evil\\n\\x1b[2J\\x1b]0;title\\x07\\u009b", human)
+        self.assertEqual(inspect(p)["tensors"][0]["name"], name)  # JSON keeps the real name
+        # Messages too: verify's problem lines and strip's report stay one line per entry.
+        r = run("strip", "--drop", "evil*", "--dry-run", p)
+        self.assertEqual(len([l for l in r.stdout.splitlines() if "drop" in l]), 1, r.stdout)
+        self.assertNotIn("\x1b", r.stdout + r.stderr)
+
 
 if __name__ == "__main__":
     import unittest

@@ -45,9 +45,13 @@ int32_t Model::FindStorage(const std::string& key) const {
 
 namespace {
 
-// Visits of (container, path) pairs: shared references can make paths exponential in the
-// pickle's size (billion laughs), so the walk is bounded. Scalars are not counted.
-constexpr uint64_t kMaxPaths = 4'000'000;
+// The walk follows every path to a tensor, since a tensor reachable by several paths gets
+// each name (tied weights). Shared references can make paths exponential in the pickle's
+// size (billion laughs), so: a shared subtree in which the first visit found nothing (no
+// tensor, storage or problem) is not walked again, and the steps taken inside subtrees
+// walked again are bounded. First visits cost at most the graph's size. Legitimate
+// checkpoints walk a few thousand steps again (a config object every layer refers to).
+constexpr uint64_t kMaxRepeatedSteps = 1'000'000;
 constexpr size_t kMaxDims = 64;
 constexpr size_t kMaxProblems = 1000;  // more are counted, not listed
 
@@ -55,6 +59,7 @@ class Walker {
  public:
   Walker(Model& m, bool legacy) : m_(m), g_(m.graph), legacy_(legacy) {
     on_path_.assign(g_.nodes.size(), false);
+    seen_.assign(g_.nodes.size(), kUnseen);
   }
 
   void Run() {
@@ -80,14 +85,32 @@ class Walker {
     path.append(part);
   }
 
+  // What the walk has recorded so far: a subtree whose visit changes it has something to
+  // name.
+  uint64_t Recorded() const {
+    return m_.tensors.size() + m_.bare_refs.size() + m_.problems.size() + suppressed_;
+  }
+
   void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) return;
-    if (++visits_ > kMaxPaths) {
-      Fail("object graph has more than {} paths to walk (shared references); refusing",
-           kMaxPaths);
+    if (repeating_ && ++repeated_steps_ > kMaxRepeatedSteps) {
+      Fail(
+          "object graph has more than {} steps to walk again through shared references; "
+          "refusing",
+          kMaxRepeatedSteps);
     }
+    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) return;
     if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
     if (on_path_[n]) return;  // a cycle back to an ancestor
+    if (seen_[n] == kNothingBelow) return;
+    bool outer = repeating_;
+    repeating_ = repeating_ || seen_[n] == kSomethingBelow;
+    uint64_t before = Recorded();
+    VisitNode(n, path, depth);
+    if (seen_[n] == kUnseen) seen_[n] = Recorded() > before ? kSomethingBelow : kNothingBelow;
+    repeating_ = outer;
+  }
+
+  void VisitNode(NodeId n, std::string& path, uint32_t depth) {
     Kind k = g_.kind(n);
     if (k == Kind::kObject && TryTensor(n, path)) return;
     if (k == Kind::kPersId) {
@@ -443,8 +466,11 @@ class Walker {
   const Graph& g_;
   bool legacy_;
   std::vector<bool> on_path_;
+  enum Seen : uint8_t { kUnseen, kNothingBelow, kSomethingBelow };
+  std::vector<uint8_t> seen_;  // what the first visit of each node found
+  bool repeating_ = false;     // inside a subtree some other path walked already
   std::unordered_map<std::string, int32_t> by_key_;
-  uint64_t visits_ = 0;
+  uint64_t repeated_steps_ = 0;
   uint64_t suppressed_ = 0;
   std::unordered_set<NodeId> failed_;
   std::string top_;  // first path component of what is being visited

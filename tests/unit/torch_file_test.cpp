@@ -23,20 +23,40 @@ const Tensor* Named(const Model& m, const std::string& name) {
   return nullptr;
 }
 
-// data.pkl for {"w": _rebuild_tensor_v2(storage('0', numel), offset, (size,), (1,), False, {})}
+// Pushes _rebuild_tensor_v2(storage('0', numel), offset, (size,), (1,), False, {}).
+P& PushTensor(P& p, int32_t numel, int32_t offset, int32_t size,
+              const char* storage_class = "FloatStorage") {
+  return p.global("torch._utils", "_rebuild_tensor_v2")
+      .mark()
+      .mark()
+      .str("storage")
+      .global("torch", storage_class)
+      .str("0")
+      .str("cpu")
+      .bin_int(numel)
+      .op('t')
+      .op('Q')
+      .bin_int(offset)
+      .mark()
+      .bin_int(size)
+      .op('t')
+      .mark()
+      .bin_int(1)
+      .op('t')
+      .op(0x89)
+      .global("collections", "OrderedDict")
+      .op(')')
+      .op('R')
+      .op('t')
+      .op('R');
+}
+
+// data.pkl for {"w": <tensor as PushTensor makes it>}
 std::string TensorPickle(int32_t numel, int32_t offset, int32_t size,
                          const char* storage_class = "FloatStorage") {
-  return P().proto(2).op('}').str("w")
-      .global("torch._utils", "_rebuild_tensor_v2")
-      .mark()
-      .mark().str("storage").global("torch", storage_class).str("0").str("cpu").bin_int(numel).op('t').op('Q')
-      .bin_int(offset)
-      .mark().bin_int(size).op('t')
-      .mark().bin_int(1).op('t')
-      .op(0x89)
-      .global("collections", "OrderedDict").op(')').op('R')
-      .op('t').op('R')
-      .op('s').stop().bytes();
+  P p;
+  p.proto(2).op('}').str("w");
+  return PushTensor(p, numel, offset, size, storage_class).op('s').stop().bytes();
 }
 
 std::string Checkpoint(const std::string& pickle, const std::string& storage) {
@@ -136,6 +156,40 @@ TEST(TorchZip, GlobalsHiddenBehindTheMemoAreStillSeen) {
     }
   }
   EXPECT_TRUE(found);
+}
+
+// 60 levels of [previous, previous] hold 2^60 paths in a few hundred bytes. Without a
+// tensor at the bottom there is nothing to name and each level is walked once; with one,
+// the walk gives up after a bounded number of repeated steps, quickly, with a clear reason.
+std::string Laughs(bool tensor_at_the_bottom) {
+  P p;
+  p.proto(2).op(']').put(0);
+  if (tensor_at_the_bottom) PushTensor(p, 4, 0, 4).op('a');
+  for (uint8_t level = 1; level < 60; ++level)
+    p.op('(').get(level - 1).get(level - 1).op('l').put(level);
+  return p.stop().bytes();
+}
+
+TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
+  Model quiet = ReadTorchZip(B(Checkpoint(Laughs(false), ""))).model;
+  EXPECT_TRUE(quiet.tensors.empty());
+  EXPECT_TRUE(quiet.problems.empty());
+  std::string error;
+  try {
+    ReadTorchZip(B(Checkpoint(Laughs(true), std::string(16, '\0'))));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("more than 1000000 steps to walk again through shared references; refusing"),
+            std::string::npos)
+      << error;
+  // A container shared by two paths is walked by each: its tensor gets both names.
+  P two;
+  two.proto(2).op('}').op('(').str("a").op('}').put(0).str("w");
+  PushTensor(two, 4, 0, 4).op('s').str("b").get(0).op('u');
+  Model m = ReadTorchZip(B(Checkpoint(two.stop().bytes(), std::string(16, '\0')))).model;
+  ASSERT_EQ(m.tensors.size(), 1u);
+  EXPECT_EQ(m.tensors[0].names, (std::vector<std::string>{"a.w", "b.w"}));
 }
 
 TEST(TorchZip, RealFixtureMatchesWhatTorchSaved) {

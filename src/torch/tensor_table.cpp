@@ -52,6 +52,10 @@ namespace {
 // walked again are bounded. First visits cost at most the graph's size. Legitimate
 // checkpoints walk a few thousand steps again (a config object every layer refers to).
 constexpr uint64_t kMaxRepeatedSteps = 1'000'000;
+// Names are paths, and a path can be long (dict keys are any string): their total size is
+// bounded too, far above what any real checkpoint's names take.
+constexpr uint64_t kMaxNameBytes = uint64_t{256} << 20;
+constexpr size_t kMaxWhere = 1024;  // longer paths in problem messages are cut
 constexpr size_t kMaxDims = 64;
 constexpr size_t kMaxProblems = 1000;  // more are counted, not listed
 
@@ -77,7 +81,20 @@ class Walker {
       ++suppressed_;
       return;
     }
-    m_.problems.push_back({where, what});
+    m_.problems.push_back(
+        {where.size() > kMaxWhere ? where.substr(0, kMaxWhere) + "..." : where, what});
+  }
+
+  // A tensor name for `path`, counted against the bound on all names.
+  const std::string& NamePath(const std::string& path) {
+    name_bytes_ += path.size() + sizeof(std::string);
+    if (name_bytes_ > kMaxNameBytes) {
+      Fail(
+          "tensor names would take more than {} MiB (tensors reachable by too many or too long "
+          "paths); refusing",
+          kMaxNameBytes >> 20);
+    }
+    return path;
   }
 
   static void Join(std::string& path, std::string_view part) {
@@ -92,13 +109,15 @@ class Walker {
   }
 
   void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (repeating_ && ++repeated_steps_ > kMaxRepeatedSteps) {
+    bool compound = n != kNil && (g_.has_compound(n) || g_.kind(n) == Kind::kPersId);
+    bool again = compound && seen_[n] == kSomethingBelow;
+    if ((repeating_ || again) && ++repeated_steps_ > kMaxRepeatedSteps) {
       Fail(
           "object graph has more than {} steps to walk again through shared references; "
           "refusing",
           kMaxRepeatedSteps);
     }
-    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) return;
+    if (!compound) return;
     if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
     if (on_path_[n]) return;  // a cycle back to an ancestor
     if (seen_[n] == kNothingBelow) return;
@@ -209,12 +228,18 @@ class Walker {
     // A broken tensor reached again through shared references was reported once already:
     // re-checking it on every path would let a small hostile pickle cost millions of errors.
     if (failed_.count(obj)) return true;
+    // The same tensor reached again (tied weights): one more name.
+    if (auto it = tensor_of_.find(obj); it != tensor_of_.end()) {
+      m_.tensors[it->second].names.push_back(NamePath(path));
+      return true;
+    }
     size_t tensors = m_.tensors.size(), problems = m_.problems.size() + suppressed_;
     NodeId args = g_.compound(obj).args;
     bool recognized = Recognize(fn, args, obj, path, "tensor");
     if (recognized && m_.tensors.size() == tensors && m_.problems.size() + suppressed_ > problems) {
       failed_.insert(obj);
     }
+    if (recognized && m_.tensors.size() == tensors + 1) tensor_of_.emplace(obj, tensors);
     return recognized;
   }
 
@@ -340,7 +365,7 @@ class Walker {
   void AddStoragelessTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node,
                             const std::string& path) {
     Tensor t;
-    t.names.push_back(path);
+    t.names.push_back(NamePath(path));
     t.node = node;
     bool wrapper = fn == "_rebuild_wrapper_subclass";
     bool meta = fn == "_rebuild_meta_tensor_no_storage";
@@ -374,7 +399,7 @@ class Walker {
       return;
     }
     Tensor t;
-    t.names.push_back(path);
+    t.names.push_back(NamePath(path));
     t.kind = kind;
     t.node = node;
     StorageRef ref;
@@ -471,6 +496,8 @@ class Walker {
   bool repeating_ = false;     // inside a subtree some other path walked already
   std::unordered_map<std::string, int32_t> by_key_;
   uint64_t repeated_steps_ = 0;
+  uint64_t name_bytes_ = 0;
+  std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor
   uint64_t suppressed_ = 0;
   std::unordered_set<NodeId> failed_;
   std::string top_;  // first path component of what is being visited

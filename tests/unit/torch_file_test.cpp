@@ -183,6 +183,42 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
   EXPECT_NE(error.find("more than 1000000 steps to walk again through shared references; refusing"),
             std::string::npos)
       << error;
+  // A list of 2M references to one tensor: 2M names, refused once the steps run out.
+  P many;
+  many.proto(2).op(']').put(0);
+  PushTensor(many, 4, 0, 4).put(1).op('a');
+  std::string refs;
+  for (int i = 0; i < 2'000'000; ++i)
+    refs +=
+        "h\x01"
+        "a";
+  many.raw(refs);
+  error.clear();
+  try {
+    ReadTorchZip(B(Checkpoint(many.stop().bytes(), std::string(16, '\0'))));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("steps to walk again through shared references"), std::string::npos)
+      << error;
+  // Few references under a 1 MiB key: the names would take 300 MiB.
+  P long_names;
+  long_names.proto(2).op('}').str(std::string(1 << 20, 'k')).op(']').put(0);
+  PushTensor(long_names, 4, 0, 4).put(1).op('a');
+  std::string more;
+  for (int i = 0; i < 300; ++i)
+    more +=
+        "h\x01"
+        "a";
+  long_names.raw(more).op('s');
+  error.clear();
+  try {
+    ReadTorchZip(B(Checkpoint(long_names.stop().bytes(), std::string(16, '\0'))));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("tensor names would take more than 256 MiB"), std::string::npos) << error;
+
   // A container shared by two paths is walked by each: its tensor gets both names.
   P two;
   two.proto(2).op('}').op('(').str("a").op('}').put(0).str("w");

@@ -51,7 +51,7 @@ namespace {
 // tensor, storage or problem) is not walked again, and the steps taken inside subtrees
 // walked again are bounded. First visits cost at most the graph's size. Legitimate
 // checkpoints walk a few thousand steps again (a config object every layer refers to).
-constexpr uint64_t kMaxRepeatedSteps = 1'000'000;
+constexpr uint64_t kMaxRepeatedSteps = 250'000;
 // Names are paths, and a path can be long (dict keys are any string): their total size is
 // bounded too, far above what any real checkpoint's names take.
 constexpr uint64_t kMaxNameBytes = uint64_t{256} << 20;
@@ -203,7 +203,7 @@ class Walker {
   }
 
   void BareStorage(NodeId persid, const std::string& path) {
-    if (failed_.count(persid)) return;
+    if (failed_.count(persid) || !bare_seen_.insert(persid).second) return;  // once per node
     // Legacy files saving a whole nn.Module also carry ('module', cls, file, source) ids.
     NodeId pid = g_.compound(persid).args;
     if (pid != kNil && g_.kind(pid) == Kind::kTuple && !g_.items(pid).empty() &&
@@ -498,6 +498,7 @@ class Walker {
   uint64_t repeated_steps_ = 0;
   uint64_t name_bytes_ = 0;
   std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor
+  std::unordered_set<NodeId> bare_seen_;          // storage ids outside tensors, recorded
   uint64_t suppressed_ = 0;
   std::unordered_set<NodeId> failed_;
   std::string top_;  // first path component of what is being visited

@@ -70,6 +70,16 @@ std::string TwosComplementToDecimal(std::string_view le) {
   std::vector<uint8_t> mag(le.begin(), le.end());
   bool negative = mag.back() & 0x80;
   if (negative) Negate(mag);
+  if (mag.size() > kMaxDecimalBytes) {
+    while (mag.size() > 1 && mag.back() == 0) mag.pop_back();
+    std::string hex = negative ? "-0x" : "0x";
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (size_t i = mag.size(); i-- > 0;) {
+      hex.push_back(kHex[mag[i] >> 4]);
+      hex.push_back(kHex[mag[i] & 15]);
+    }
+    return hex;
+  }
   std::string digits;
   while (std::any_of(mag.begin(), mag.end(), [](uint8_t b) { return b != 0; })) {
     unsigned rem = 0;

@@ -52,6 +52,8 @@ namespace {
 // walked again are bounded. First visits cost at most the graph's size. Legitimate
 // checkpoints walk a few thousand steps again (a config object every layer refers to).
 constexpr uint64_t kMaxRepeatedSteps = 250'000;
+// ... and so are the bytes of path those steps build (dict keys can be long strings).
+constexpr uint64_t kMaxRepeatedPathBytes = uint64_t{64} << 20;
 // Names are paths, and a path can be long (dict keys are any string): their total size is
 // bounded too, far above what any real checkpoint's names take.
 constexpr uint64_t kMaxNameBytes = uint64_t{256} << 20;
@@ -141,6 +143,10 @@ class Walker {
     const pickle::Compound& c = g_.compound(n);
     size_t base = path.size();
     auto child = [&](NodeId id, std::string_view part) {
+      if (repeating_ && (repeated_path_bytes_ += part.size()) > kMaxRepeatedPathBytes) {
+        Fail("paths through shared references would be more than {} MiB long; refusing",
+             kMaxRepeatedPathBytes >> 20);
+      }
       if (base == 0) top_ = std::string(part);
       Join(path, part);
       Visit(id, path, depth + 1);
@@ -496,6 +502,7 @@ class Walker {
   bool repeating_ = false;     // inside a subtree some other path walked already
   std::unordered_map<std::string, int32_t> by_key_;
   uint64_t repeated_steps_ = 0;
+  uint64_t repeated_path_bytes_ = 0;
   uint64_t name_bytes_ = 0;
   std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor
   std::unordered_set<NodeId> bare_seen_;          // storage ids outside tensors, recorded

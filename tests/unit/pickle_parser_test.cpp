@@ -190,5 +190,21 @@ TEST(TextCodec, DecimalRoundTrips) {
   EXPECT_FALSE(DecimalToTwosComplement("", le));
 }
 
+// A 1 MiB integer (a dict key a hostile file uses to name a tensor) must not take hours to
+// print: beyond kMaxDecimalBytes it is written in hex, in linear time.
+TEST(TextCodec, HugeIntegersPrintInHex) {
+  EXPECT_EQ(TwosComplementToDecimal(std::string(kMaxDecimalBytes, '\x01') + '\x00').substr(0, 6),
+            "0x0101");
+  EXPECT_EQ(
+      TwosComplementToDecimal(std::string(kMaxDecimalBytes - 1, '\xff') + '\x7f'),
+      "57896044618658097711785492504343953926634992332820282019728792003956564819967");  // 2^255-1
+  std::string huge(1 << 20, '\0');
+  huge.back() = '\x80';  // -(2^(8n-1))
+  std::string text = TwosComplementToDecimal(huge);
+  EXPECT_EQ(text.substr(0, 5), "-0x80");
+  EXPECT_EQ(text.size(), 3 + 2 * huge.size());
+  EXPECT_EQ(text.find_first_not_of('0', 5), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ckpt::pickle

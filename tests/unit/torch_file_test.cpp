@@ -219,6 +219,26 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
   }
   EXPECT_NE(error.find("tensor names would take more than 256 MiB"), std::string::npos) << error;
 
+  // A dict with a 1 MiB key, shared 100 times: the paths alone would be 100 MiB.
+  P long_paths;
+  long_paths.proto(2).op(']').put(0).op('}').put(1).str(std::string(1 << 20, 'k'));
+  PushTensor(long_paths, 4, 0, 4).op('s').op('a');
+  std::string again;
+  for (int i = 0; i < 100; ++i)
+    again +=
+        "h\x01"
+        "a";
+  long_paths.raw(again);
+  error.clear();
+  try {
+    ReadTorchZip(B(Checkpoint(long_paths.stop().bytes(), std::string(16, '\0'))));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("paths through shared references would be more than 64 MiB long"),
+            std::string::npos)
+      << error;
+
   // A container shared by two paths is walked by each: its tensor gets both names.
   P two;
   two.proto(2).op('}').op('(').str("a").op('}').put(0).str("w");

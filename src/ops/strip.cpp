@@ -11,6 +11,7 @@
 #include "ops/checkpoint_file.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
+#include "pickle/path_budget.h"
 
 namespace ckpt {
 
@@ -72,10 +73,12 @@ bool IsTensorCall(const pickle::Graph& g, NodeId n) {
   return m == "torch._utils" || m == "torch._tensor";
 }
 
-// Removes matching dict entries (and object attributes) from the graph, depth first.
+// Removes matching dict entries (and object attributes) from the graph, depth first, by
+// every path (a shared dict is matched under each of its paths), within a PathBudget.
 class Dropper {
  public:
-  Dropper(pickle::Graph& g, const StripOptions& o) : g_(g), o_(o), on_path_(g.nodes.size(), false) {}
+  Dropper(pickle::Graph& g, const StripOptions& o)
+      : g_(g), o_(o), on_path_(g.nodes.size(), false), seen_(g.nodes.size(), false) {}
 
   std::vector<std::string> Run() {
     std::string path;
@@ -93,18 +96,29 @@ class Dropper {
   }
 
   void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (n == pickle::kNil || !g_.has_compound(n) || on_path_[n] || IsTensorCall(g_, n)) return;
+    if (n == pickle::kNil || !g_.has_compound(n) || on_path_[n] || IsTensorCall(g_, n)) {
+      budget_.Step();
+      return;
+    }
+    bool outer = budget_.Enter(seen_[n]);
+    seen_[n] = true;
+    VisitNode(n, path, depth);
+    budget_.Leave(outer);
+  }
+
+  void VisitNode(NodeId n, std::string& path, uint32_t depth) {
     if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
     on_path_[n] = true;
     size_t base = path.size();
     auto join = [&](const std::string& part) {
+      budget_.Step();
+      budget_.PathBytes(part.size());
       path.resize(base);
       if (!path.empty()) path.push_back('.');
       path += part;
     };
     auto& pairs = g_.mutable_compound(n).pairs;
     std::vector<NodeId> kept;
-    std::vector<NodeId> children;
     for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
       join(g_.KeyText(pairs[i]));
       if (ShouldDrop(path, depth)) {
@@ -115,12 +129,14 @@ class Dropper {
       kept.push_back(pairs[i + 1]);
     }
     pairs = kept;
-    for (size_t i = 0; i + 1 < kept.size(); i += 2) {
+    // The default drops are top-level keys: nothing below them needs walking.
+    bool descend = !o_.drop.empty();
+    for (size_t i = 0; descend && i + 1 < kept.size(); i += 2) {
       join(g_.KeyText(kept[i]));
       Visit(kept[i + 1], path, depth + 1);
     }
     const auto items = g_.compound(n).items;
-    for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t i = 0; descend && i < items.size(); ++i) {
       join(std::to_string(i));
       Visit(items[i], path, depth + 1);
     }
@@ -141,6 +157,8 @@ class Dropper {
   pickle::Graph& g_;
   const StripOptions& o_;
   std::vector<bool> on_path_;
+  std::vector<bool> seen_;  // walked by some path already
+  pickle::PathBudget budget_;
   std::vector<std::string> dropped_;
 };
 
@@ -187,7 +205,8 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
       before[tf.model.storages[t.storage].key] = {tf.model.storages[t.storage].nbytes, t.names[0]};
     }
   }
-  std::vector<std::string> dropped = Dropper(tf.model.graph, o).Run();
+  std::vector<std::string> dropped =
+      WithContext(path, [&] { return Dropper(tf.model.graph, o).Run(); });
   for (const std::string& d : dropped) r.dropped.push_back({d, 0});
   if (dropped.empty()) {
     if (r.output != path && !o.dry_run) CopyUnchanged(f, r.output);

@@ -26,6 +26,7 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "pickle/path_budget.h"
 #include "torch/model.h"
 #include "torch/storage_ref.h"
 
@@ -46,14 +47,9 @@ int32_t Model::FindStorage(const std::string& key) const {
 namespace {
 
 // The walk follows every path to a tensor, since a tensor reachable by several paths gets
-// each name (tied weights). Shared references can make paths exponential in the pickle's
-// size (billion laughs), so: a shared subtree in which the first visit found nothing (no
-// tensor, storage or problem) is not walked again, and the steps taken inside subtrees
-// walked again are bounded. First visits cost at most the graph's size. Legitimate
-// checkpoints walk a few thousand steps again (a config object every layer refers to).
-constexpr uint64_t kMaxRepeatedSteps = 250'000;
-// ... and so are the bytes of path those steps build (dict keys can be long strings).
-constexpr uint64_t kMaxRepeatedPathBytes = uint64_t{64} << 20;
+// each name (tied weights). A shared subtree in which the first visit found nothing (no
+// tensor, storage or problem) is not walked again; what is walked again is bounded by a
+// pickle::PathBudget.
 // Names are paths, and a path can be long (dict keys are any string): their total size is
 // bounded too, far above what any real checkpoint's names take.
 constexpr uint64_t kMaxNameBytes = uint64_t{256} << 20;
@@ -111,24 +107,19 @@ class Walker {
   }
 
   void Visit(NodeId n, std::string& path, uint32_t depth) {
-    bool compound = n != kNil && (g_.has_compound(n) || g_.kind(n) == Kind::kPersId);
-    bool again = compound && seen_[n] == kSomethingBelow;
-    if ((repeating_ || again) && ++repeated_steps_ > kMaxRepeatedSteps) {
-      Fail(
-          "object graph has more than {} steps to walk again through shared references; "
-          "refusing",
-          kMaxRepeatedSteps);
+    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) {
+      budget_.Step();
+      return;
     }
-    if (!compound) return;
+    bool outer = budget_.Enter(seen_[n] == kSomethingBelow);
     if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
-    if (on_path_[n]) return;  // a cycle back to an ancestor
-    if (seen_[n] == kNothingBelow) return;
-    bool outer = repeating_;
-    repeating_ = repeating_ || seen_[n] == kSomethingBelow;
-    uint64_t before = Recorded();
-    VisitNode(n, path, depth);
-    if (seen_[n] == kUnseen) seen_[n] = Recorded() > before ? kSomethingBelow : kNothingBelow;
-    repeating_ = outer;
+    // Not on a cycle back to an ancestor, nor into a subtree known to hold nothing.
+    if (!on_path_[n] && seen_[n] != kNothingBelow) {
+      uint64_t before = Recorded();
+      VisitNode(n, path, depth);
+      if (seen_[n] == kUnseen) seen_[n] = Recorded() > before ? kSomethingBelow : kNothingBelow;
+    }
+    budget_.Leave(outer);
   }
 
   void VisitNode(NodeId n, std::string& path, uint32_t depth) {
@@ -143,10 +134,7 @@ class Walker {
     const pickle::Compound& c = g_.compound(n);
     size_t base = path.size();
     auto child = [&](NodeId id, std::string_view part) {
-      if (repeating_ && (repeated_path_bytes_ += part.size()) > kMaxRepeatedPathBytes) {
-        Fail("paths through shared references would be more than {} MiB long; refusing",
-             kMaxRepeatedPathBytes >> 20);
-      }
+      budget_.PathBytes(part.size());
       if (base == 0) top_ = std::string(part);
       Join(path, part);
       Visit(id, path, depth + 1);
@@ -499,10 +487,8 @@ class Walker {
   std::vector<bool> on_path_;
   enum Seen : uint8_t { kUnseen, kNothingBelow, kSomethingBelow };
   std::vector<uint8_t> seen_;  // what the first visit of each node found
-  bool repeating_ = false;     // inside a subtree some other path walked already
   std::unordered_map<std::string, int32_t> by_key_;
-  uint64_t repeated_steps_ = 0;
-  uint64_t repeated_path_bytes_ = 0;
+  pickle::PathBudget budget_;
   uint64_t name_bytes_ = 0;
   std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor
   std::unordered_set<NodeId> bare_seen_;          // storage ids outside tensors, recorded

@@ -6,6 +6,7 @@ import io
 import os
 import struct
 import subprocess
+import time
 import zipfile
 
 import torch
@@ -167,6 +168,25 @@ class HostilePickleTest(CkptTestCase):
         r = run("strip", "--drop", "evil*", "--dry-run", p)
         self.assertEqual(len([l for l in r.stdout.splitlines() if "drop" in l]), 1, r.stdout)
         self.assertNotIn("\x1b", r.stdout + r.stderr)
+
+    def test_billion_laughs_costs_milliseconds(self):
+        # 60 levels of [previous, previous]: 2^60 paths in 1 KiB, next to a real tensor.
+        laughs = b"]r" + struct.pack("<I", 100000) + b"0"
+        for level in range(1, 60):
+            prev, cur = struct.pack("<I", 99999 + level), struct.pack("<I", 100000 + level)
+            laughs += b"(j" + prev + b"j" + prev + b"lr" + cur + b"0"
+        laughs += b"j" + struct.pack("<I", 100059)
+        p = self.path("laughs.pt")
+        with_payload(p, 2, laughs)
+        for args, code in ((["inspect"], 0), (["verify"], 0), (["shrink", "--dry-run"], 0),
+                           (["strip", "--dry-run"], 0), (["export", "--to", self.path("l.safetensors")], 0),
+                           (["strip", "--drop", "payload.*.x", "--dry-run"], 1)):
+            start = time.monotonic()
+            r = run(*args, p, expect=code)
+            self.assertLess(time.monotonic() - start, 5, args)
+            if code:
+                self.assertIn(f"{p}: object graph has more than 250000 steps to walk again through shared "
+                              "references; refusing", r.stderr)
 
 
 if __name__ == "__main__":

@@ -69,17 +69,40 @@ std::string Graph::Describe(NodeId id) const {
   }
 }
 
+namespace {
+
+// Tuple keys nest, and shared elements can make their full text exponential in the pickle's
+// size: the text of a tuple key stops at this many bytes.
+constexpr size_t kMaxTupleKeyText = 4096;
+
+void AppendTupleText(const Graph& g, NodeId k, std::string& out) {
+  out += '(';
+  const std::vector<NodeId>& items = g.items(k);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (out.size() >= kMaxTupleKeyText) {
+      out += "...";
+      break;
+    }
+    if (i) out += ", ";
+    if (g.kind(items[i]) == Kind::kTuple) {
+      AppendTupleText(g, items[i], out);
+    } else {
+      out += g.KeyText(items[i]).substr(0, kMaxTupleKeyText);
+    }
+  }
+  out += ')';
+}
+
+}  // namespace
+
 std::string Graph::KeyText(NodeId k) const {
   switch (kind(k)) {
     case Kind::kStr: return std::string(text(k));
     case Kind::kBigInt: return TwosComplementToDecimal(text(k));
     case Kind::kTuple: {
-      std::string s = "(";
-      for (size_t i = 0; i < items(k).size(); ++i) {
-        if (i) s += ", ";
-        s += KeyText(items(k)[i]);
-      }
-      return s + ")";
+      std::string s;
+      AppendTupleText(*this, k, s);
+      return s;
     }
     default: return Describe(k);
   }

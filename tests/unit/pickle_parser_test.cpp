@@ -192,6 +192,19 @@ TEST(TextCodec, DecimalRoundTrips) {
 
 // A 1 MiB integer (a dict key a hostile file uses to name a tensor) must not take hours to
 // print: beyond kMaxDecimalBytes it is written in hex, in linear time.
+// 60 levels of (previous, previous): the full text of that key would be 2^60 pairs long.
+TEST(GraphKeyText, SharedTupleKeysStopAtTheirLimit) {
+  test::P p;
+  p.proto(2).str("x").put(0);
+  for (uint8_t level = 1; level < 60; ++level) p.get(level - 1).get(level - 1).op(0x86).put(level);
+  Graph g = ParseBytes(p.stop().bytes());
+  std::string text = g.KeyText(g.root);
+  EXPECT_EQ(text.substr(0, 62), std::string(59, '(') + "x, ");
+  EXPECT_GE(text.size(), 4096u);
+  EXPECT_LT(text.size(), 4096u + 512);
+  EXPECT_NE(text.find("..."), std::string::npos);
+}
+
 TEST(TextCodec, HugeIntegersPrintInHex) {
   EXPECT_EQ(TwosComplementToDecimal(std::string(kMaxDecimalBytes, '\x01') + '\x00').substr(0, 6),
             "0x0101");

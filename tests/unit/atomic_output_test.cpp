@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "io/mapped_file.h"
+#include "test_util.h"
 
 namespace ckpt {
 namespace {
@@ -55,14 +56,6 @@ class AtomicOutputTest : public ::testing::Test {
     out.Write(0, Bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
     out.Commit();
   }
-  static std::string ErrorOf(const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
 
   std::string dir_;
 };
@@ -94,7 +87,7 @@ TEST_F(AtomicOutputTest, ChangedInputIsNeverReplaced) {
   out.RequireUnchanged(in);
   out.Write(0, Bytes(reinterpret_cast<const uint8_t*>("new"), 3));
   std::ofstream(Path("a.pt"), std::ios::app) << "+appended by another process";
-  std::string error = ErrorOf([&] { out.Commit(); });
+  std::string error = test::ErrorOf([&] { out.Commit(); });
   EXPECT_EQ(error,
             Path("a.pt") + ": the file changed while it was being processed; nothing was replaced");
   EXPECT_EQ(Get(Path("a.pt")), "original+appended by another process");
@@ -115,7 +108,7 @@ TEST_F(AtomicOutputTest, TouchedOrReplacedInputsCountAsChanged) {
     } else {
       fs::remove(Path("src.pt"));
     }
-    std::string error = ErrorOf([&] { out.Commit(); });
+    std::string error = test::ErrorOf([&] { out.Commit(); });
     EXPECT_NE(error.find("the file changed while it was being processed; " +
                          Path("out.safetensors") + " was not written"),
               std::string::npos)
@@ -141,12 +134,13 @@ TEST_F(AtomicOutputTest, SymlinkKeepsPointingAtTheReplacedFile) {
 
 TEST_F(AtomicOutputTest, RefusesWhatIsNotARegularFile) {
   fs::create_directory(Path("folder"));
-  EXPECT_NE(ErrorOf([&] { WriteAndCommit(Path("folder"), "x"); }).find("not a regular file"),
+  EXPECT_NE(test::ErrorOf([&] { WriteAndCommit(Path("folder"), "x"); }).find("not a regular file"),
             std::string::npos);
   fs::create_symlink("missing.pt", Path("dangling.pt"));
-  EXPECT_NE(
-      ErrorOf([&] { WriteAndCommit(Path("dangling.pt"), "x"); }).find("cannot follow the symlink"),
-      std::string::npos);
+  EXPECT_NE(test::ErrorOf([&] {
+              WriteAndCommit(Path("dangling.pt"), "x");
+            }).find("cannot follow the symlink"),
+            std::string::npos);
 }
 
 // Permission bits bind only a process without CAP_DAC_OVERRIDE (root usually has it); the
@@ -159,12 +153,12 @@ TEST_F(AtomicOutputTest, ReadOnlyFileAndFolderAreRefusedWhenPermissionsApply) {
       FAIL() << "tests/unprivileged did not drop privileges";
     GTEST_SKIP() << "this process bypasses permission bits";
   }
-  std::string error = ErrorOf([&] { WriteAndCommit(Path("ro.pt"), "new"); });
+  std::string error = test::ErrorOf([&] { WriteAndCommit(Path("ro.pt"), "new"); });
   EXPECT_EQ(error, Path("ro.pt") +
                        ": no permission to replace it (Permission denied); nothing was replaced");
   EXPECT_EQ(Get(Path("ro.pt")), "old");
   ::chmod(dir_.c_str(), 0555);
-  error = ErrorOf([&] { WriteAndCommit(Path("new.pt"), "new"); });
+  error = test::ErrorOf([&] { WriteAndCommit(Path("new.pt"), "new"); });
   ::chmod(dir_.c_str(), 0755);
   EXPECT_NE(error.find("cannot create a file in " + dir_ + ": Permission denied"),
             std::string::npos)
@@ -173,7 +167,8 @@ TEST_F(AtomicOutputTest, ReadOnlyFileAndFolderAreRefusedWhenPermissionsApply) {
 }
 
 TEST_F(AtomicOutputTest, NotEnoughSpaceFailsBeforeCreatingAnything) {
-  std::string error = ErrorOf([&] { AtomicOutput::Create(Path("huge.pt"), uint64_t{1} << 62); });
+  std::string error =
+      test::ErrorOf([&] { AtomicOutput::Create(Path("huge.pt"), uint64_t{1} << 62); });
   EXPECT_NE(error.find("the output needs 4096.00 PiB but only"), std::string::npos) << error;
   EXPECT_TRUE(Listing().empty());
 }

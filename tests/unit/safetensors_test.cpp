@@ -17,12 +17,7 @@ std::string Make(const std::string& header, const std::string& data) {
 }
 
 std::string ErrorOf(const std::string& bytes) {
-  try {
-    Parse(B(bytes));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::ErrorOf([&] { Parse(B(bytes)); });
 }
 
 TEST(Safetensors, ReadsTensorsAndMetadata) {

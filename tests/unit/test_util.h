@@ -12,6 +12,7 @@
 
 #include "base/byte_cursor.h"
 #include "base/endian.h"
+#include "base/error.h"
 
 namespace ckpt::test {
 
@@ -20,6 +21,17 @@ inline std::string ReadFixture(const std::string& name) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The message of the ckpt::Error that fn() throws, or "" when it throws none.
+template <typename Fn>
+std::string ErrorOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline Bytes B(const std::string& s) {

@@ -63,6 +63,11 @@ std::string Checkpoint(const std::string& pickle, const std::string& storage) {
   return BuildZip({{"ck/data.pkl", pickle}, {"ck/data/0", storage}, {"ck/version", "3\n"}});
 }
 
+// The error reading the torch zip `f` gives, or "".
+std::string ZipError(const std::string& f) {
+  return test::ErrorOf([&] { ReadTorchZip(B(f)); });
+}
+
 bool HasProblem(const Model& m, const std::string& needle) {
   for (const Problem& p : m.problems) {
     if ((p.where + ": " + p.what).find(needle) != std::string::npos) return true;
@@ -97,19 +102,11 @@ TEST(TorchZip, RecordSizeMustMatchThePickle) {
 }
 
 TEST(TorchZip, StructuralErrorsAreClear) {
-  auto error_of = [](const std::string& f) {
-    try {
-      ReadTorchZip(B(f));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_NE(error_of(BuildZip({{"data.pkl", "x"}})).find("not in a folder"), std::string::npos);
-  EXPECT_NE(error_of(BuildZip({{"a/other", "x"}})).find("no a/data.pkl"), std::string::npos);
-  EXPECT_NE(error_of(BuildZip({{"a/data.pkl", "x"}, {"a/constants.pkl", "x"}})).find("TorchScript"),
+  EXPECT_NE(ZipError(BuildZip({{"data.pkl", "x"}})).find("not in a folder"), std::string::npos);
+  EXPECT_NE(ZipError(BuildZip({{"a/other", "x"}})).find("no a/data.pkl"), std::string::npos);
+  EXPECT_NE(ZipError(BuildZip({{"a/data.pkl", "x"}, {"a/constants.pkl", "x"}})).find("TorchScript"),
             std::string::npos);
-  EXPECT_NE(error_of(BuildZip({{"a/data.pkl", "\x80\x02\xfe."}})).find("a/data.pkl: pickle offset"),
+  EXPECT_NE(ZipError(BuildZip({{"a/data.pkl", "\x80\x02\xfe."}})).find("a/data.pkl: pickle offset"),
             std::string::npos);
 }
 
@@ -174,12 +171,7 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
   Model quiet = ReadTorchZip(B(Checkpoint(Laughs(false), ""))).model;
   EXPECT_TRUE(quiet.tensors.empty());
   EXPECT_TRUE(quiet.problems.empty());
-  std::string error;
-  try {
-    ReadTorchZip(B(Checkpoint(Laughs(true), std::string(16, '\0'))));
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  std::string error = ZipError(Checkpoint(Laughs(true), std::string(16, '\0')));
   EXPECT_NE(error.find("more than 250000 steps to walk again through shared references; refusing"),
             std::string::npos)
       << error;
@@ -193,12 +185,7 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
         "h\x01"
         "a";
   many.raw(refs);
-  error.clear();
-  try {
-    ReadTorchZip(B(Checkpoint(many.stop().bytes(), std::string(16, '\0'))));
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  error = ZipError(Checkpoint(many.stop().bytes(), std::string(16, '\0')));
   EXPECT_NE(error.find("steps to walk again through shared references"), std::string::npos)
       << error;
   // Few references under a 1 MiB key: the names would take 300 MiB.
@@ -211,12 +198,7 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
         "h\x01"
         "a";
   long_names.raw(more).op('s');
-  error.clear();
-  try {
-    ReadTorchZip(B(Checkpoint(long_names.stop().bytes(), std::string(16, '\0'))));
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  error = ZipError(Checkpoint(long_names.stop().bytes(), std::string(16, '\0')));
   EXPECT_NE(error.find("tensor names would take more than 256 MiB"), std::string::npos) << error;
 
   // A dict with a 1 MiB key, shared 100 times: the paths alone would be 100 MiB.
@@ -229,12 +211,7 @@ TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {
         "h\x01"
         "a";
   long_paths.raw(again);
-  error.clear();
-  try {
-    ReadTorchZip(B(Checkpoint(long_paths.stop().bytes(), std::string(16, '\0'))));
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  error = ZipError(Checkpoint(long_paths.stop().bytes(), std::string(16, '\0')));
   EXPECT_NE(error.find("paths through shared references would be more than 64 MiB long"),
             std::string::npos)
       << error;

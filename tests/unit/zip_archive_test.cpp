@@ -12,12 +12,7 @@ using test::B;
 using test::BuildZip;
 
 std::string ErrorOf(const std::string& bytes) {
-  try {
-    Archive::Parse(B(bytes));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::ErrorOf([&] { Archive::Parse(B(bytes)); });
 }
 
 TEST(ZipArchive, ReadsStoredAndDeflatedRecords) {

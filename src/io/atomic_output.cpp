@@ -73,12 +73,12 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   AtomicOutput out;
   out.final_path_ = ReplacedFile(path, &out.replaces_);
   const std::string& final_path = out.final_path_;
+  RemoveStaleTempFiles(final_path);  // first: a killed run's temp file may hold the space
   uint64_t free_bytes = FreeSpaceFor(final_path);
   if (free_bytes < size) {
     Fail("{}: the output needs {} but only {} is free there", path, HumanBytes(size),
          HumanBytes(free_bytes));
   }
-  RemoveStaleTempFiles(final_path);
   out.temp_path_ = TempPathFor(final_path);
   out.fd_ = ::open(out.temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (out.fd_ < 0)

@@ -44,6 +44,9 @@ int RunVerify(const VerifyOptions& o) {
                                : "structure checked; the format carries no checksums";
         std::cout << fmt::format("{}: OK ({}, {})\n", Printable(path), FormatName(f.format), what);
       }
+      if (!o.quiet) {
+        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+      }
     } catch (const Error& e) {
       std::cout << Printable(e.what()) << "\n";
       ++bad_files;

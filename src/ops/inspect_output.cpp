@@ -68,8 +68,9 @@ std::string RenderText(const FileReport& r, size_t top_n) {
                           : fmt::format(" under {} names", r.tensors.size());
   out += fmt::format(
       "\n  {} tensors{} ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
-      r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storages.size(), HumanBytes(r.storage_bytes),
-      HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes), Percent(r.wasted_bytes, r.storage_bytes));
+      r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storages.size(),
+      HumanBytes(r.storage_bytes), HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes),
+      Percent(r.wasted_bytes, r.storage_bytes));
   size_t shared = std::count_if(r.storages.begin(), r.storages.end(),
                                 [](const StorageRow& s) { return s.views > 1; });
   if (shared == 1) out += "  1 storage is shared by several tensors\n";
@@ -96,15 +97,17 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   if (!r.globals.empty()) {
     out += "\n  GLOBALS (what unpickling imports)\n";
     for (const GlobalRow& g : r.globals) {
-      const char* mark = g.cls == torch::GlobalClass::kUnsafe ? "UNSAFE: can run code or reach the system"
-                         : g.cls == torch::GlobalClass::kOther ? "not on torch's weights_only allowlist"
-                                                               : "";
+      const char* mark =
+          g.cls == torch::GlobalClass::kUnsafe  ? "UNSAFE: can run code or reach the system"
+          : g.cls == torch::GlobalClass::kOther ? "not on torch's weights_only allowlist"
+                                                : "";
       out += fmt::format("    {:<56} {}\n", Printable(g.name), mark);
     }
   }
   if (!r.unsafe_calls.empty()) {
     out +=
-        "\n  UNSAFE CALLS (objects the pickle computes, then calls: how gadget chains run code)\n";
+        "\n  UNSAFE CALLS (computed objects called, unsafe attribute reads: how gadget chains run "
+        "code)\n";
     constexpr size_t kShown = 20;
     for (size_t i = 0; i < r.unsafe_calls.size() && i < kShown; ++i) {
       out += fmt::format("    pickle offset {}: {}\n", r.unsafe_calls[i].pickle_offset,
@@ -139,7 +142,8 @@ nlohmann::ordered_json RenderJson(const FileReport& r) {
   j["distinct_tensors"] = r.distinct_tensors;
   j["metadata_bytes"] = r.metadata_bytes;
   j["byte_map"] = json::array();
-  for (const auto& [label, bytes] : r.byte_map) j["byte_map"].push_back({{"label", label}, {"bytes", bytes}});
+  for (const auto& [label, bytes] : r.byte_map)
+    j["byte_map"].push_back({{"label", label}, {"bytes", bytes}});
   j["tensors"] = json::array();
   for (const TensorRow& t : r.tensors) {
     j["tensors"].push_back({{"name", t.name},
@@ -179,10 +183,16 @@ nlohmann::ordered_json RenderJson(const FileReport& r) {
   j["globals"] = json::array();
   j["unsafe_globals"] = json::array();
   j["weights_only_refused_globals"] = json::array();
+  j["globals_detail"] = json::array();
   for (const GlobalRow& g : r.globals) {
     j["globals"].push_back(g.name);
+    j["globals_detail"].push_back({{"name", g.name},
+                                   {"raw", g.raw},
+                                   {"class", torch::GlobalClassName(g.cls)},
+                                   {"getattr", g.getattr}});
     if (g.cls == torch::GlobalClass::kUnsafe) j["unsafe_globals"].push_back(g.name);
-    if (g.cls != torch::GlobalClass::kTorchAllowed) j["weights_only_refused_globals"].push_back(g.name);
+    if (g.cls != torch::GlobalClass::kTorchAllowed)
+      j["weights_only_refused_globals"].push_back(g.name);
   }
   j["unsafe_calls"] = json::array();
   for (const UnsafeCallRow& c : r.unsafe_calls) {

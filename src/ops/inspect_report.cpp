@@ -147,18 +147,11 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
     k.used_bytes += row.used_bytes;
     r.storages.push_back(std::move(row));
   }
-  std::set<std::string> globals;
-  for (pickle::NodeId id = 0; id < m.graph.nodes.size(); ++id) {
-    if (m.graph.kind(id) != pickle::Kind::kGlobal) continue;
-    std::string name = m.graph.GlobalText(id);
-    if (globals.insert(name).second) {
-      r.globals.push_back(
-          {name, torch::ClassifyGlobal(m.graph.global_module(id), m.graph.global_name(id))});
-    }
+  torch::PickleScan scan = torch::ScanPickle(m.graph);
+  for (torch::ImportedName& n : scan.names) {
+    r.globals.push_back({std::move(n.name), std::move(n.raw), n.cls, n.getattr});
   }
-  std::sort(r.globals.begin(), r.globals.end(),
-            [](const GlobalRow& a, const GlobalRow& b) { return a.name < b.name; });
-  for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
+  for (const torch::UnsafeFinding& u : scan.findings) {
     if (m.graph.kind(u.node) == pickle::Kind::kObject) {
       r.unsafe_calls.push_back({m.graph.at(u.node).stream_offset, u.what});
     }
@@ -177,7 +170,8 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r) {
     row.kind = "tensor";
     row.shape = e.shape;
     row.stride.assign(e.shape.size(), 1);
-    for (size_t i = e.shape.size(); i-- > 1;) row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
+    for (size_t i = e.shape.size(); i-- > 1;)
+      row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
     row.storage = e.name;
     row.bytes = bytes;
     r.tensors.push_back(row);

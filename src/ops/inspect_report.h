@@ -42,12 +42,16 @@ struct Rollup {
   uint64_t used_bytes = 0;
 };
 
+// An imported global or an attribute read through getattr (see torch::ScanPickle).
 struct GlobalRow {
-  std::string name;  // module.name
+  std::string name;  // Python 3 spelling: "builtins.set", "pkg.Color.RED (getattr)"
+  std::string raw;   // as in the stream: "__builtin__.set", "pkg.Color.RED"
   torch::GlobalClass cls = torch::GlobalClass::kOther;
+  bool getattr = false;
 };
 
-// A call of a computed object (see torch::FindUnsafe); unsafe imports are GlobalRows.
+// A finding on a call (see torch::ScanPickle): a computed object called, or an unsafe
+// attribute read; unsafe imports are GlobalRows.
 struct UnsafeCallRow {
   uint64_t pickle_offset = 0;
   std::string what;

@@ -20,25 +20,27 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   const auto& entries = a.entries();
   // A deflated record is one piece (length 1 stands for "the whole stream").
   std::vector<uint64_t> sizes;
-  for (const zip::Entry& e : entries) sizes.push_back(e.method == zip::Method::kStored ? e.size : 1);
+  for (const zip::Entry& e : entries)
+    sizes.push_back(e.method == zip::Method::kStored ? e.size : 1);
   std::mutex mutex;
   std::vector<torch::Problem> errors;
-  std::vector<uint32_t> crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    const zip::Entry& e = entries[i];
-    try {
-      if (e.method == zip::Method::kStored) {
-        MappedFile::Window window(f.map, e.data_offset + off, len);
-        return Crc32(0, window.bytes());
-      }
-      uint32_t crc = 0;
-      zip::StreamRecord(file, e, [&](Bytes chunk) { crc = Crc32(crc, chunk); });
-      return crc;
-    } catch (const Error& err) {
-      std::lock_guard<std::mutex> lock(mutex);
-      errors.push_back({e.name, err.what()});
-      return e.crc32;
-    }
-  });
+  std::vector<uint32_t> crcs =
+      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        const zip::Entry& e = entries[i];
+        try {
+          if (e.method == zip::Method::kStored) {
+            MappedFile::Window window(f.map, e.data_offset + off, len);
+            return Crc32(0, window.bytes());
+          }
+          uint32_t crc = 0;
+          zip::StreamRecord(file, e, [&](Bytes chunk) { crc = Crc32(crc, chunk); });
+          return crc;
+        } catch (const Error& err) {
+          std::lock_guard<std::mutex> lock(mutex);
+          errors.push_back({e.name, err.what()});
+          return e.crc32;
+        }
+      });
   for (size_t i = 0; i < entries.size(); ++i) {
     const zip::Entry& e = entries[i];
     out.records_checked++;
@@ -52,10 +54,20 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   out.problems.insert(out.problems.end(), errors.begin(), errors.end());
 }
 
+// What can run code is a problem; what only torch.load(weights_only=True) refuses is a note.
 void CheckGlobals(const torch::Model& m, VerifyResult& out) {
-  for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
+  torch::PickleScan scan = torch::ScanPickle(m.graph);
+  for (const torch::UnsafeFinding& u : scan.findings) {
     out.problems.push_back({fmt::format("pickle offset {}", m.graph.at(u.node).stream_offset),
                             u.what + ", which can run code or reach the system when unpickled"});
+  }
+  std::string refused;
+  for (const torch::ImportedName& n : scan.names) {
+    if (n.cls != torch::GlobalClass::kOther) continue;
+    refused += refused.empty() ? n.name : ", " + n.name;
+  }
+  if (!refused.empty()) {
+    out.notes.push_back("torch.load(weights_only=True) refuses it: it imports " + refused);
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ops/checkpoint_file.h"
@@ -13,6 +14,7 @@ namespace ckpt {
 
 struct VerifyResult {
   std::vector<torch::Problem> problems;  // empty: all is well
+  std::vector<std::string> notes;        // worth knowing, never a failure
   uint64_t records_checked = 0;
   uint64_t bytes_checked = 0;            // bytes whose CRC32 was computed
 };

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -138,8 +140,8 @@ constexpr QualName kTorchAllowed[] = {
 // clang-format on
 
 bool InModule(std::string_view module, std::string_view root) {
-  return module == root || (module.size() > root.size() && module.starts_with(root) &&
-                            module[root.size()] == '.');
+  return module == root ||
+         (module.size() > root.size() && module.starts_with(root) && module[root.size()] == '.');
 }
 
 template <size_t N>
@@ -197,34 +199,158 @@ GlobalClass ClassifyGlobal(std::string_view module, std::string_view name) {
   return GlobalClass::kOther;
 }
 
-std::vector<UnsafeFinding> FindUnsafe(const pickle::Graph& graph) {
+std::string DisplayGlobal(std::string_view module, std::string_view name) {
+  QualName q = Normalize(module, name);
+  return fmt::format("{}.{}", q.module, q.name);
+}
+
+namespace {
+
+// Reading attribute `attr` of the imported global module.name (see the header).
+GlobalClass ClassifyAttribute(std::string_view module, std::string_view name,
+                              std::string_view attr) {
+  if (attr.empty() || attr.starts_with("__") || attr.find('.') != std::string_view::npos) {
+    return GlobalClass::kUnsafe;
+  }
+  if (ClassifyGlobal(module, name) == GlobalClass::kUnsafe) return GlobalClass::kUnsafe;
+  // The global may itself be a module (GLOBAL 'torch serialization'): its attribute is then
+  // a global of that module.
+  if (ClassifyGlobal(DisplayGlobal(module, name), attr) == GlobalClass::kUnsafe) {
+    return GlobalClass::kUnsafe;
+  }
+  return GlobalClass::kOther;
+}
+
+bool IsGetattr(const pickle::Graph& g, pickle::NodeId id) {
+  if (g.kind(id) != pickle::Kind::kGlobal) return false;
+  QualName q = Normalize(g.global_module(id), g.global_name(id));
+  return q.module == "builtins" && q.name == "getattr";
+}
+
+// How every node is used by the others: as the callable of some object, or in any other
+// place (an element, a key or value, an argument tuple, a BUILD state, the root).
+struct Uses {
+  std::vector<uint8_t> called;
+  std::vector<uint8_t> elsewhere;
+
+  explicit Uses(const pickle::Graph& g) : called(g.nodes.size()), elsewhere(g.nodes.size()) {
+    auto mark = [&](pickle::NodeId id) {
+      if (id != pickle::kNil && id < elsewhere.size()) elsewhere[id] = 1;
+    };
+    for (const pickle::Compound& c : g.compounds) {
+      for (pickle::NodeId id : c.items) mark(id);
+      for (pickle::NodeId id : c.pairs) mark(id);
+      for (pickle::NodeId id : c.states) mark(id);
+      mark(c.args);
+      mark(c.kwargs);
+      if (c.callable != pickle::kNil && c.callable < called.size()) called[c.callable] = 1;
+    }
+    mark(g.root);
+  }
+};
+
+// A call getattr(G, 'S') whose result is only ever read: its attribute path, else nil.
+struct AttributeRead {
+  pickle::NodeId global = pickle::kNil;
+  pickle::NodeId attr = pickle::kNil;
+};
+
+AttributeRead AsAttributeRead(const pickle::Graph& g, const Uses& uses, pickle::NodeId call) {
+  const pickle::Compound& c = g.compound(call);
+  if (c.construct != pickle::Construct::kReduce || c.kwargs != pickle::kNil || uses.called[call] ||
+      !c.items.empty() || !c.pairs.empty() || !c.states.empty() || g.ArgCount(call) != 2) {
+    return {};
+  }
+  pickle::NodeId target = g.Arg(call, 0), attr = g.Arg(call, 1);
+  if (g.kind(target) != pickle::Kind::kGlobal || g.kind(attr) != pickle::Kind::kStr ||
+      g.text(attr).empty()) {
+    return {};
+  }
+  return {target, attr};
+}
+
+}  // namespace
+
+PickleScan ScanPickle(const pickle::Graph& graph) {
   using pickle::Kind;
-  std::vector<UnsafeFinding> out;
-  for (pickle::NodeId id = 0; id < graph.nodes.size(); ++id) {
+  using pickle::NodeId;
+  PickleScan scan;
+  const size_t n = graph.nodes.size();
+  Uses uses(graph);
+
+  // Every call of a getattr global, and whether all of that global's uses are plain reads.
+  std::vector<NodeId> getattr_calls;
+  std::vector<uint8_t> reads_only(n);  // getattr globals excused as attribute reads
+  for (NodeId id = 0; id < n; ++id) {
+    if (IsGetattr(graph, id)) reads_only[id] = uses.called[id] && !uses.elsewhere[id];
+  }
+  for (NodeId id = 0; id < n; ++id) {
+    if (graph.kind(id) != Kind::kObject) continue;
+    NodeId callable = graph.compound(id).callable;
+    if (callable == pickle::kNil || !IsGetattr(graph, callable)) continue;
+    getattr_calls.push_back(id);
+    if (AsAttributeRead(graph, uses, id).global == pickle::kNil) reads_only[callable] = 0;
+  }
+
+  std::set<std::string> listed;
+  auto add_name = [&](ImportedName name) {
+    if (listed.insert(name.name).second) scan.names.push_back(std::move(name));
+  };
+  size_t next_read = 0;
+  for (NodeId id = 0; id < n; ++id) {
     Kind kind = graph.kind(id);
     if (kind == Kind::kGlobal) {
-      if (ClassifyGlobal(graph.global_module(id), graph.global_name(id)) == GlobalClass::kUnsafe) {
-        out.push_back({id, "imports " + graph.GlobalText(id)});
-      }
+      if (reads_only[id]) continue;  // judged by its reads below
+      std::string_view module = graph.global_module(id), name = graph.global_name(id);
+      GlobalClass cls = ClassifyGlobal(module, name);
+      std::string display = DisplayGlobal(module, name);
+      if (cls == GlobalClass::kUnsafe) scan.findings.push_back({id, "imports " + display});
+      add_name({display, graph.GlobalText(id), cls, false});
       continue;
     }
     if (kind != Kind::kObject) continue;
-    pickle::NodeId callable = graph.compound(id).callable;
+    NodeId callable = graph.compound(id).callable;
+    if (next_read < getattr_calls.size() && getattr_calls[next_read] == id) {
+      ++next_read;
+      if (reads_only[callable]) {
+        AttributeRead read = AsAttributeRead(graph, uses, id);
+        std::string_view module = graph.global_module(read.global),
+                         name = graph.global_name(read.global);
+        std::string_view attr = graph.text(read.attr);
+        GlobalClass cls = ClassifyAttribute(module, name, attr);
+        std::string path = fmt::format("{}.{}", DisplayGlobal(module, name), attr);
+        if (cls == GlobalClass::kUnsafe)
+          scan.findings.push_back({id, fmt::format("reads {} (getattr)", path)});
+        add_name({path + " (getattr)", fmt::format("{}.{}", graph.GlobalText(read.global), attr),
+                  cls, true});
+        continue;
+      }
+    }
     if (callable == pickle::kNil || graph.kind(callable) == Kind::kGlobal) continue;
-    pickle::NodeId maker = graph.CalledGlobal(callable);
-    out.push_back(
+    NodeId maker = graph.CalledGlobal(callable);
+    scan.findings.push_back(
         {id, maker != pickle::kNil
-                 ? fmt::format("calls what {} returned", graph.GlobalText(maker))
+                 ? fmt::format("calls what {} returned",
+                               DisplayGlobal(graph.global_module(maker), graph.global_name(maker)))
                  : fmt::format("calls a computed {}", pickle::KindName(graph.kind(callable)))});
   }
-  return out;
+  std::sort(scan.names.begin(), scan.names.end(),
+            [](const ImportedName& a, const ImportedName& b) { return a.name < b.name; });
+  return scan;
+}
+
+std::vector<UnsafeFinding> FindUnsafe(const pickle::Graph& graph) {
+  return ScanPickle(graph).findings;
 }
 
 const char* GlobalClassName(GlobalClass c) {
   switch (c) {
-    case GlobalClass::kTorchAllowed: return "torch-allowed";
-    case GlobalClass::kOther: return "other";
-    case GlobalClass::kUnsafe: return "unsafe";
+    case GlobalClass::kTorchAllowed:
+      return "torch-allowed";
+    case GlobalClass::kOther:
+      return "other";
+    case GlobalClass::kUnsafe:
+      return "unsafe";
   }
   return "?";
 }

@@ -11,7 +11,22 @@
 //                  AttributeDict...): weights_only refuses it, but nothing here flags it.
 // Names are first mapped the way Python 3 unpicklers map Python 2 names (_compat_pickle:
 // "__builtin__" -> "builtins", "cPickle" -> "pickle", "commands" -> "subprocess"...), so an
-// old spelling cannot hide a module.
+// old spelling cannot hide a module; reports use that Python 3 spelling.
+//
+// Attribute reads. Since Python 3.11 an Enum member pickles as getattr(EnumClass, 'NAME'):
+// GLOBAL '__builtin__ getattr', GLOBAL 'module Class', a string, TUPLE2, REDUCE, with the
+// getattr global memoised and fetched again (BINGET) for the next member. Such a call is
+// judged as the attribute path Class.NAME, not as a use of getattr, when it is provably
+// nothing more than a read:
+//   - its arguments are exactly (an imported global G, a constant non-empty str S), built
+//     by REDUCE, without keyword arguments;
+//   - that getattr global is used nowhere else in the graph (not stored in a container, an
+//     argument or an object state, not called in any other form);
+//   - what it returned is never called and never the target of BUILD/APPEND/SETITEM.
+// Then G.S is unsafe when G is, when S is a dunder or private name ("__..."), and when
+// G.S reaches an unsafe module or function (getattr(os.path, 'join'),
+// getattr(torch.serialization, 'load')); otherwise it is only off the weights_only
+// allowlist. Any other use of getattr keeps it an unsafe import.
 #pragma once
 
 #include <string>
@@ -36,7 +51,27 @@ struct UnsafeFinding {
   std::string what;  // "imports posix.system", "calls what operator.getitem returned"
 };
 
-// Every finding in `graph`, in node order.
+// One name a pickle brings in: an imported global, or an attribute read through getattr.
+struct ImportedName {
+  std::string name;  // Python 3 spelling; attribute reads end in " (getattr)"
+  std::string raw;   // as spelled in the stream: "__builtin__.set", "pkg.Color.RED"
+  GlobalClass cls = GlobalClass::kOther;
+  bool getattr = false;
+};
+
+struct PickleScan {
+  std::vector<ImportedName> names;      // sorted by name, each once
+  std::vector<UnsafeFinding> findings;  // in node order
+};
+
+// Everything in `graph` that imports or reads a name, and what can run code.
+PickleScan ScanPickle(const pickle::Graph& graph);
+
+// ScanPickle(graph).findings.
 std::vector<UnsafeFinding> FindUnsafe(const pickle::Graph& graph);
+
+// module.name as a Python 3 unpickler would import it ("__builtin__", "getattr" ->
+// "builtins.getattr").
+std::string DisplayGlobal(std::string_view module, std::string_view name);
 
 }  // namespace ckpt::torch

@@ -1,5 +1,7 @@
 // Legacy torch checkpoints (torch < 1.6, or _use_new_zipfile_serialization=False):
-//   pickle(MAGIC_NUMBER = 0x1950a86a20f9469cfc6c)   a LONG1
+//   pickle(MAGIC_NUMBER = 0x1950a86a20f9469cfc6c)   spelled by the pickle protocol torch.save
+//                                                     was given: LONG text (0, 1), LONG1 after
+//                                                     PROTO (2, 3), or after PROTO and FRAME (4, 5)
 //   pickle(PROTOCOL_VERSION = 1001)
 //   pickle(sys_info)                                  {protocol_version, little_endian, type_sizes}
 //   pickle(obj)                                       persistent ids are 6-tuples:
@@ -7,6 +9,8 @@
 //   pickle(sorted(storage keys))
 //   for each key in that list: int64 little-endian numel, then numel * element_size bytes.
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -27,8 +31,8 @@ struct Piece {
 
 Piece ParseAt(Bytes file, uint64_t offset, const char* what, const ReadOptions& options) {
   return WithContext(what, [&] {
-    pickle::ParseResult r = pickle::Parse(Slice(file, offset, file.size() - offset), offset,
-                                          options.limits);
+    pickle::ParseResult r =
+        pickle::Parse(Slice(file, offset, file.size() - offset), offset, options.limits);
     return Piece{std::move(r.graph), offset, r.end};
   });
 }
@@ -41,9 +45,19 @@ bool IsMagic(const pickle::Graph& g) {
 }  // namespace
 
 bool LooksLikeTorchLegacy(Bytes file) {
-  // PROTO 2, LONG1 10, magic bytes.
-  return file.size() >= 14 && file[0] == 0x80 && file[2] == 0x8a && file[3] == 0x0a &&
-         AsText(file.subspan(4, 10)) == kMagicLE;
+  // The magic-number pickle is at most 28 bytes in any protocol (protocol 5: PROTO, FRAME
+  // header, LONG1 with 10 bytes, STOP); parse a little more and see whether it is one.
+  constexpr size_t kProbe = 64;
+  if (file.empty() || !(file[0] == 0x80 || file[0] == 'L')) return false;
+  try {
+    pickle::Limits limits;
+    limits.max_nodes = 16;
+    limits.max_memo = 16;
+    limits.max_depth = 4;
+    return IsMagic(pickle::Parse(file.first(std::min(file.size(), kProbe)), 0, limits).graph);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
@@ -114,8 +128,8 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
     }
     uint64_t nbytes = CheckedMul(numel, ElementSize(s.dtype));
     if (nbytes > c.remaining()) {
-      Fail("storage '{}': {} bytes of data at offset {} run past the end of the file", key,
-           nbytes, c.file_pos());
+      Fail("storage '{}': {} bytes of data at offset {} run past the end of the file", key, nbytes,
+           c.file_pos());
     }
     tf.regions.push_back({header_at, 8, "storage headers"});
     s.present = true;

@@ -84,8 +84,12 @@ class VerifyTest(CkptTestCase):
         torch.save({"w": torch.ones(3), "payload": Evil(f"touch {marker}"), "e": EvalEvil()}, p)
         report = inspect(p)
         self.assertIn("posix.system", report["unsafe_globals"])
-        # Protocol 2 spells builtins the Python 2 way; ckptool reports what the file says.
-        self.assertIn("__builtin__.eval", report["unsafe_globals"])
+        # Protocol 2 spells builtins the Python 2 way; reports use the Python 3 name, as
+        # torch's own weights_only errors do, and JSON keeps the spelling of the file.
+        self.assertIn("builtins.eval", report["unsafe_globals"])
+        detail = {g["name"]: g for g in report["globals_detail"]}
+        self.assertEqual(detail["builtins.eval"]["raw"], "__builtin__.eval")
+        self.assertEqual(detail["builtins.eval"]["class"], "unsafe")
         self.assertEqual([t["name"] for t in report["tensors"]], ["w"])
         r = run("verify", p, expect=1)
         self.assertIn("posix.system", r.stdout)

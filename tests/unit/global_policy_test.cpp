@@ -174,3 +174,107 @@ TEST(GlobalPolicy, CallsOfComputedObjectsAreFindings) {
 
 }  // namespace
 }  // namespace ckpt::torch
+
+namespace ckpt::torch {
+namespace {
+
+std::vector<std::string> NamesOf(const std::string& pickle) {
+  std::vector<std::string> out;
+  for (const ImportedName& n : ScanPickle(pickle::Parse(test::B(pickle)).graph).names) {
+    out.push_back(n.name + (n.cls == GlobalClass::kUnsafe ? " UNSAFE" : ""));
+  }
+  return out;
+}
+
+// BINUNICODE text.
+std::string S(const std::string& text) {
+  std::string out = "X";
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+// BINPUT 0 and BINGET 0.
+std::string Put0() { return std::string("q\0", 2); }
+std::string Get0() { return std::string("h\0", 2); }
+
+// Python 3.11's Enum members (protocol 2, as torch.save writes them): getattr memoised in
+// slot 0, the class in slot 1, and a second member through BINGET.
+const std::string kTwoMembers = Bytes(
+    "\x80\x02]q\x00("
+    "c__builtin__\ngetattr\nq\x01"
+    "cpkg.mod\nStage\nq\x02X\x09\x00\x00\x00GRADIENTS\x86R"
+    "h\x01h\x02X\x07\x00\x00\x00WEIGHTS\x86R"
+    "e.");
+
+TEST(GlobalPolicy, EnumMembersThroughGetattrAreAttributeReads) {
+  EXPECT_TRUE(FindUnsafe(pickle::Parse(test::B(kTwoMembers)).graph).empty());
+  EXPECT_EQ(NamesOf(kTwoMembers),
+            (std::vector<std::string>{"pkg.mod.Stage", "pkg.mod.Stage.GRADIENTS (getattr)",
+                                      "pkg.mod.Stage.WEIGHTS (getattr)"}));
+  PickleScan scan = ScanPickle(pickle::Parse(test::B(kTwoMembers)).graph);
+  ASSERT_EQ(scan.names.size(), 3u);
+  EXPECT_EQ(scan.names[1].raw, "pkg.mod.Stage.GRADIENTS");
+  EXPECT_TRUE(scan.names[1].getattr);
+  EXPECT_EQ(scan.names[1].cls, GlobalClass::kOther);
+}
+
+// Each of these keeps getattr an unsafe import, or makes the read itself unsafe.
+TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
+  const std::string g = "c__builtin__\ngetattr\n";
+  const std::string p2 = "\x80\x02";
+  struct Case {
+    const char* what;
+    std::string pickle;
+    std::vector<std::string> findings;
+  };
+  std::vector<Case> cases = {
+      {"a denied module's function", p2 + g + "cos\npath\n" + S("join") + "\x86R.",
+       {"imports os.path", "reads os.path.join (getattr)"}},
+      {"a module global reaching a denied name",
+       p2 + g + "ctorch\nserialization\n" + S("load") + "\x86R.",
+       {"reads torch.serialization.load (getattr)"}},
+      {"a dunder attribute", p2 + g + "cpkg\nC\n" + S("__init__") + "\x86R.",
+       {"reads pkg.C.__init__ (getattr)"}},
+      {"a private attribute", p2 + g + "cpkg\nC\n" + S("__priv") + "\x86R.",
+       {"reads pkg.C.__priv (getattr)"}},
+      {"a computed name", p2 + g + "cpkg\nC\n" + "cpkg\nname\n)R\x86R.",
+       {"imports builtins.getattr"}},
+      {"a computed target", p2 + g + "cpkg\nmake\n)R" + S("attr") + "\x86R.",
+       {"imports builtins.getattr"}},
+      {"the result called", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R)R.",
+       {"imports builtins.getattr", "calls what builtins.getattr returned"}},
+      {"three arguments", p2 + g + "cpkg\nC\n" + S("attr") + "N\x87R.",
+       {"imports builtins.getattr"}},
+      {"nested getattr", p2 + g + Put0() + Get0() + "cpkg\nC\n" + S("attr") + "\x86R" + S("more") + "\x86R.",
+       {"imports builtins.getattr"}},
+      {"getattr stored in a list", p2 + "]" + g + "a.", {"imports builtins.getattr"}},
+      {"getattr returned", p2 + g + ".", {"imports builtins.getattr"}},
+      {"BUILD on the result", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R}b.",
+       {"imports builtins.getattr"}},
+      {"SETITEM on the result", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R" + S("k") + "Ns.",
+       {"imports builtins.getattr"}},
+      {"the memo reused on a dunder after a member",
+       p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cpkg\nC\n" +
+           S("__class__") + "\x86Rl.",
+       {"reads pkg.C.__class__ (getattr)"}},
+      {"the memo reused on a denied target after a member",
+       p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cposix\nsystem\n" + S("attr") + "\x86Rl.",
+       {"imports posix.system", "reads posix.system.attr (getattr)"}},
+      {"NEWOBJ instead of REDUCE", p2 + g + "cpkg\nC\n" + S("attr") + "\x86\x81.",
+       {"imports builtins.getattr"}},
+  };
+  for (const Case& c : cases) EXPECT_EQ(Findings(c.pickle), c.findings) << c.what;
+}
+
+TEST(GlobalPolicy, ReportsSpellBuiltinsThePython3Way) {
+  EXPECT_EQ(DisplayGlobal("__builtin__", "getattr"), "builtins.getattr");
+  EXPECT_EQ(DisplayGlobal("__builtin__", "reduce"), "functools.reduce");
+  EXPECT_EQ(Findings("\x80\x02" "c__builtin__\neval\n."), std::vector<std::string>{"imports builtins.eval"});
+  PickleScan scan = ScanPickle(pickle::Parse(test::B("\x80\x02" "c__builtin__\nset\n.")).graph);
+  ASSERT_EQ(scan.names.size(), 1u);
+  EXPECT_EQ(scan.names[0].name, "builtins.set");
+  EXPECT_EQ(scan.names[0].raw, "__builtin__.set");
+}
+
+}  // namespace
+}  // namespace ckpt::torch

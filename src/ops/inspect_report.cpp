@@ -1,7 +1,7 @@
 #include "ops/inspect_report.h"
 
 #include <algorithm>
-#include <set>
+#include <unordered_map>
 
 #include "base/checked.h"
 
@@ -44,13 +44,20 @@ void AddBytes(FileReport& r, const std::string& label, uint64_t bytes) {
   r.byte_map.emplace_back(label, bytes);
 }
 
-Rollup& RollupFor(std::vector<Rollup>& v, const std::string& key) {
-  for (Rollup& r : v) {
-    if (r.key == key) return r;
+// The rows of a rollup, found by key in constant time.
+class RollupIndex {
+ public:
+  explicit RollupIndex(std::vector<Rollup>& rows) : rows_(rows) {}
+  Rollup& operator[](const std::string& key) {
+    auto [it, inserted] = index_.try_emplace(key, rows_.size());
+    if (inserted) rows_.push_back(Rollup{key});
+    return rows_[it->second];
   }
-  v.push_back(Rollup{key});
-  return v.back();
-}
+
+ private:
+  std::vector<Rollup>& rows_;
+  std::unordered_map<std::string, size_t> index_;
+};
 
 void FinishByteMap(FileReport& r) {
   uint64_t mapped = 0;
@@ -63,6 +70,7 @@ void FinishByteMap(FileReport& r) {
 void FromTorch(const CheckpointFile& f, FileReport& r) {
   const torch::TorchFile& tf = *f.torch;
   const torch::Model& m = tf.model;
+  RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.pickle_protocol = m.graph.protocol;
   r.problems = m.problems;
   r.notes = m.notes;
@@ -78,10 +86,10 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
     uint64_t bytes = CheckedMul(t.numel, es);
     r.tensor_bytes += bytes;
     r.distinct_tensors++;
-    Rollup& d = RollupFor(r.by_dtype, std::string(torch::Name(t.dtype)));
+    Rollup& d = by_dtype[std::string(torch::Name(t.dtype))];
     d.tensors++;
     d.tensor_bytes += bytes;
-    Rollup& k = RollupFor(r.by_key, t.top_key);
+    Rollup& k = by_key[t.top_key];
     k.tensors++;
     k.tensor_bytes += bytes;
     if (t.storage >= 0) {
@@ -137,11 +145,11 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
         AddBytes(r, kUnused, s.nbytes - row.used_bytes);
       }
     }
-    Rollup& d = RollupFor(r.by_dtype, row.dtype);
+    Rollup& d = by_dtype[row.dtype];
     d.storages++;
     d.storage_bytes += row.bytes;
     d.used_bytes += row.used_bytes;
-    Rollup& k = RollupFor(r.by_key, storage_top[i]);
+    Rollup& k = by_key[storage_top[i]];
     k.storages++;
     k.storage_bytes += row.bytes;
     k.used_bytes += row.used_bytes;
@@ -160,6 +168,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
 
 void FromSafetensors(const CheckpointFile& f, FileReport& r) {
   const safetensors::File& st = *f.st;
+  RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.metadata = st.metadata;
   AddBytes(r, "safetensors header", st.data_offset);
   for (const safetensors::TensorEntry& e : st.tensors) {
@@ -188,7 +197,7 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r) {
     r.used_bytes += bytes;
     AddBytes(r, kUsed, bytes);
     std::string top = e.name.substr(0, e.name.find('.'));
-    for (Rollup* roll : {&RollupFor(r.by_dtype, e.torch_dtype), &RollupFor(r.by_key, top)}) {
+    for (Rollup* roll : {&by_dtype[e.torch_dtype], &by_key[top]}) {
       roll->tensors++;
       roll->tensor_bytes += bytes;
       roll->storages++;

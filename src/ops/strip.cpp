@@ -21,10 +21,11 @@ using pickle::NodeId;
 
 const std::vector<std::string>& DefaultDropKeys() {
   static const std::vector<std::string> keys = {
-      "optimizer", "optimizer_states", "optimizer_state_dict", "optim_state", "opt_state",
-      "lr_scheduler", "lr_schedulers", "scheduler", "schedulers", "scaler", "grad_scaler",
-      "amp", "amp_scaler", "rng_state", "rng_states", "torch_rng_state", "cuda_rng_state",
-      "numpy_rng_state", "python_rng_state", "random_state"};
+      "optimizer",      "optimizer_states", "optimizer_state_dict", "optim_state",
+      "opt_state",      "lr_scheduler",     "lr_schedulers",        "scheduler",
+      "schedulers",     "scaler",           "grad_scaler",          "amp",
+      "amp_scaler",     "rng_state",        "rng_states",           "torch_rng_state",
+      "cuda_rng_state", "numpy_rng_state",  "python_rng_state",     "random_state"};
   return keys;
 }
 
@@ -61,7 +62,8 @@ bool Matches(const std::vector<std::string>& globs, const std::string& path) {
 bool Protected(const std::vector<std::string>& keep, const std::string& path) {
   for (const std::string& k : keep) {
     if (::fnmatch(k.c_str(), path.c_str(), 0) == 0) return true;
-    if (k.size() > path.size() && k.compare(0, path.size(), path) == 0 && k[path.size()] == '.') return true;
+    if (k.size() > path.size() && k.compare(0, path.size(), path) == 0 && k[path.size()] == '.')
+      return true;
   }
   return false;
 }
@@ -89,8 +91,8 @@ class Dropper {
  private:
   bool ShouldDrop(const std::string& path, uint32_t depth) const {
     bool wanted = o_.drop.empty()
-                      ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(), path) !=
-                                          DefaultDropKeys().end()
+                      ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
+                                                path) != DefaultDropKeys().end()
                       : Matches(o_.drop, path);
     return wanted && !Protected(o_.keep, path);
   }
@@ -168,6 +170,7 @@ void RebuildTensorTable(torch::TorchFile& tf) {
   for (const torch::Storage& s : tf.model.storages) located[s.key] = s;
   torch::Model& m = tf.model;
   m.storages.clear();
+  m.storage_index.clear();
   m.tensors.clear();
   m.problems.clear();
   m.notes.clear();

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <array>
-#include <set>
+#include <unordered_set>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -22,14 +22,28 @@ struct DTypeRow {
 };
 
 constexpr std::array<DTypeRow, 22> kDTypes = {{
-    {"BOOL", 8, "bool"},        {"F4", 4, "float4_e2m1"},     {"F6_E2M3", 6, "float6_e2m3"},
-    {"F6_E3M2", 6, "float6_e3m2"}, {"U8", 8, "uint8"},        {"I8", 8, "int8"},
-    {"F8_E5M2", 8, "float8_e5m2"}, {"F8_E4M3", 8, "float8_e4m3fn"},
-    {"F8_E8M0", 8, "float8_e8m0fnu"}, {"F8_E4M3FNUZ", 8, "float8_e4m3fnuz"},
-    {"F8_E5M2FNUZ", 8, "float8_e5m2fnuz"}, {"I16", 16, "int16"}, {"U16", 16, "uint16"},
-    {"F16", 16, "float16"},     {"BF16", 16, "bfloat16"},     {"I32", 32, "int32"},
-    {"U32", 32, "uint32"},      {"F32", 32, "float32"},       {"C64", 64, "complex64"},
-    {"F64", 64, "float64"},     {"I64", 64, "int64"},         {"U64", 64, "uint64"},
+    {"BOOL", 8, "bool"},
+    {"F4", 4, "float4_e2m1"},
+    {"F6_E2M3", 6, "float6_e2m3"},
+    {"F6_E3M2", 6, "float6_e3m2"},
+    {"U8", 8, "uint8"},
+    {"I8", 8, "int8"},
+    {"F8_E5M2", 8, "float8_e5m2"},
+    {"F8_E4M3", 8, "float8_e4m3fn"},
+    {"F8_E8M0", 8, "float8_e8m0fnu"},
+    {"F8_E4M3FNUZ", 8, "float8_e4m3fnuz"},
+    {"F8_E5M2FNUZ", 8, "float8_e5m2fnuz"},
+    {"I16", 16, "int16"},
+    {"U16", 16, "uint16"},
+    {"F16", 16, "float16"},
+    {"BF16", 16, "bfloat16"},
+    {"I32", 32, "int32"},
+    {"U32", 32, "uint32"},
+    {"F32", 32, "float32"},
+    {"C64", 64, "complex64"},
+    {"F64", 64, "float64"},
+    {"I64", 64, "int64"},
+    {"U64", 64, "uint64"},
 }};
 
 const DTypeRow* FindDType(std::string_view name) {
@@ -59,7 +73,8 @@ TensorEntry ReadEntry(const std::string& name, const nlohmann::json& v) {
     t.torch_dtype = std::string(d->torch);
     uint64_t numel = 1;
     for (const auto& dim : *shape) {
-      if (!dim.is_number_unsigned()) Fail("shape holds a non-negative-integer value {}", dim.dump());
+      if (!dim.is_number_unsigned())
+        Fail("shape holds a non-negative-integer value {}", dim.dump());
       t.shape.push_back(dim.get<int64_t>());
       numel = CheckedMul(numel, dim.get<uint64_t>());
     }
@@ -97,6 +112,38 @@ bool LooksLikeSafetensors(Bytes file) {
   return false;
 }
 
+namespace {
+
+// A SAX pass that finds the first top-level key given twice. (A parse callback could do it
+// in the same pass, but nlohmann's callback parser rescans the parent object at the end of
+// every child object: quadratic in the number of tensors.)
+struct DuplicateKeys : nlohmann::json_sax<nlohmann::json> {
+  std::unordered_set<std::string> seen;
+  std::string first;
+  int depth = 0;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth == 1 && first.empty() && !seen.insert(k).second) first = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
+
+}  // namespace
+
 File Parse(Bytes file) {
   ByteCursor c(file);
   if (file.size() < 8) Fail("file too small for a safetensors header ({} bytes)", file.size());
@@ -112,21 +159,17 @@ File Parse(Bytes file) {
   f.data_offset = 8 + f.header_size;
   if (!ValidUtf8(text)) Fail("header is not valid UTF-8");
 
-  std::set<std::string> seen;
-  std::string duplicate;
-  auto on_event = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1) {
-      if (!seen.insert(parsed.get<std::string>()).second) duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text.begin(), text.end(), on_event);
+    header = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     Fail("header is not valid JSON: {}", e.what());
   }
-  if (!duplicate.empty()) Fail("tensor name '{}' appears twice in the header", duplicate);
+  // The DOM keeps one value per key; the stream is read again for the names it repeats.
+  DuplicateKeys duplicates;
+  nlohmann::json::sax_parse(text.begin(), text.end(), &duplicates);
+  if (!duplicates.first.empty())
+    Fail("tensor name '{}' appears twice in the header", duplicates.first);
   if (!header.is_object()) Fail("header is not a JSON object");
 
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -140,9 +183,10 @@ File Parse(Bytes file) {
     }
     f.tensors.push_back(ReadEntry(it.key(), *it));
   }
-  std::stable_sort(f.tensors.begin(), f.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::stable_sort(f.tensors.begin(), f.tensors.end(),
+                   [](const TensorEntry& a, const TensorEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
   uint64_t expected = 0;
   for (const TensorEntry& t : f.tensors) {
     if (t.begin != expected) {

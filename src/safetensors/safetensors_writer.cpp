@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string_view>
+#include <unordered_set>
+
 #include "base/endian.h"
 #include "base/error.h"
 #include "safetensors/safetensors_file.h"
@@ -10,18 +13,25 @@ namespace ckpt::safetensors {
 
 Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::string> metadata) {
   metadata.emplace("format", "pt");
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  h["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (const OutTensor& t : tensors) {
-    if (t.name == "__metadata__") Fail("a tensor cannot be named __metadata__");
-    if (h.contains(t.name)) Fail("tensor name '{}' appears twice", t.name);
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
-    offset += t.size;
-  }
+  // The header is assembled entry by entry: a JSON object keeps keys unique by searching
+  // them (ordered_json linearly), which is quadratic in the number of tensors.
   std::string json;
+  std::unordered_set<std::string_view> names;
   try {
-    json = h.dump();
+    json = "{\"__metadata__\":" + nlohmann::json(metadata).dump();
+    uint64_t offset = 0;
+    for (const OutTensor& t : tensors) {
+      if (t.name == "__metadata__") Fail("a tensor cannot be named __metadata__");
+      if (!names.insert(t.name).second) Fail("tensor name '{}' appears twice", t.name);
+      nlohmann::ordered_json entry = {
+          {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
+      json += ',';
+      json += nlohmann::json(t.name).dump();
+      json += ':';
+      json += entry.dump();
+      offset += t.size;
+    }
+    json += '}';
   } catch (const nlohmann::json::exception&) {
     // Names come from pickles, which may hold any bytes; safetensors headers are UTF-8.
     for (const OutTensor& t : tensors) {
@@ -34,12 +44,13 @@ Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::
     Fail("__metadata__ holds text that is not valid UTF-8");
   }
   json.append((8 - json.size() % 8) % 8, ' ');
-  if (json.size() > kMaxHeaderSize) Fail("safetensors header would be {} bytes, over the limit", json.size());
+  if (json.size() > kMaxHeaderSize)
+    Fail("safetensors header would be {} bytes, over the limit", json.size());
   Layout l;
   AppendLE<uint64_t>(l.header, json.size());
   l.header += json;
   uint64_t data = l.header.size();
-  offset = 0;
+  uint64_t offset = 0;
   for (const OutTensor& t : tensors) {
     l.offsets.push_back(data + offset);
     offset += t.size;

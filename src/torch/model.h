@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pickle/graph.h"
@@ -13,11 +14,11 @@
 namespace ckpt::torch {
 
 struct Storage {
-  std::string key;           // record name under data/ (zip) or the legacy key
+  std::string key;                // record name under data/ (zip) or the legacy key
   DType dtype = DType::kUntyped;  // of the storage class (kUntyped for UntypedStorage)
-  uint64_t numel = 0;        // elements as pickled (bytes for UntypedStorage)
-  uint64_t nbytes = 0;       // numel * element size: what the record must hold
-  std::string location;      // "cpu", "cuda:0"...
+  uint64_t numel = 0;             // elements as pickled (bytes for UntypedStorage)
+  uint64_t nbytes = 0;            // numel * element size: what the record must hold
+  std::string location;           // "cpu", "cuda:0"...
   // Where the bytes are (filled in by the container reader).
   bool present = false;      // a record / data block exists
   uint64_t data_offset = 0;  // file offset of byte 0 (stored zip records and legacy files)
@@ -30,13 +31,13 @@ struct Storage {
 
 struct Tensor {
   std::vector<std::string> names;  // one per path from the root (see tensor_table.cpp)
-  std::string top_key;       // first key of the first path ("model", "optimizer"...)
-  std::string kind;          // "tensor", "parameter", "qtensor", "sparse.values", "meta"...
+  std::string top_key;             // first key of the first path ("model", "optimizer"...)
+  std::string kind;                // "tensor", "parameter", "qtensor", "sparse.values", "meta"...
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
-  int64_t offset = 0;        // storage_offset, in elements of dtype
-  int32_t storage = -1;      // index into Checkpoint::storages; -1 if it has none
+  int64_t offset = 0;    // storage_offset, in elements of dtype
+  int32_t storage = -1;  // index into Checkpoint::storages; -1 if it has none
   bool requires_grad = false;
   uint64_t numel = 0;
   // Bytes of the storage this view can reach: [byte_begin, byte_end); empty if numel == 0.
@@ -56,12 +57,14 @@ struct Model {
   pickle::Graph graph;
   std::vector<Storage> storages;
   std::vector<Tensor> tensors;
-  std::vector<Problem> problems;  // structural problems: verify fails on any
-  std::vector<std::string> notes; // things recognised only partly (unknown rebuild forms)
+  std::vector<Problem> problems;   // structural problems: verify fails on any
+  std::vector<std::string> notes;  // things recognised only partly (unknown rebuild forms)
   // Persistent ids that refer to a storage outside any tensor (a bare storage object).
   std::vector<std::pair<pickle::NodeId, int32_t>> bare_refs;
 
-  int32_t FindStorage(const std::string& key) const;
+  std::unordered_map<std::string, int32_t> storage_index;  // key -> index into storages
+
+  int32_t FindStorage(const std::string& key) const;  // -1 when absent
 };
 
 // Fills storages, tensors, problems and notes from model.graph. `legacy` selects the

@@ -34,14 +34,12 @@ namespace ckpt::torch {
 
 using pickle::Graph;
 using pickle::Kind;
-using pickle::NodeId;
 using pickle::kNil;
+using pickle::NodeId;
 
 int32_t Model::FindStorage(const std::string& key) const {
-  for (size_t i = 0; i < storages.size(); ++i) {
-    if (storages[i].key == key) return static_cast<int32_t>(i);
-  }
-  return -1;
+  auto it = storage_index.find(key);
+  return it == storage_index.end() ? -1 : it->second;
 }
 
 namespace {
@@ -140,7 +138,8 @@ class Walker {
       Visit(id, path, depth + 1);
       path.resize(base);
     };
-    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2) child(c.pairs[i + 1], g_.KeyText(c.pairs[i]));
+    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2)
+      child(c.pairs[i + 1], g_.KeyText(c.pairs[i]));
     for (size_t i = 0; i < c.items.size(); ++i) child(c.items[i], std::to_string(i));
     if (k == Kind::kObject) {
       for (NodeId state : c.states) VisitState(state, path, depth);
@@ -173,8 +172,8 @@ class Walker {
 
   // ---- storages ----
   int32_t StorageFor(const StorageRef& ref, const std::string& where, NodeId persid) {
-    auto it = by_key_.find(ref.key);
-    if (it != by_key_.end()) {
+    auto it = m_.storage_index.find(ref.key);
+    if (it != m_.storage_index.end()) {
       Storage& s = m_.storages[it->second];
       if (s.dtype != ref.dtype || s.numel != ref.numel) {
         Problem(where, fmt::format("storage '{}' is referenced as {} x {} here but as {} x {} "
@@ -192,7 +191,7 @@ class Walker {
     s.first_ref = persid;
     m_.storages.push_back(std::move(s));
     int32_t index = static_cast<int32_t>(m_.storages.size() - 1);
-    by_key_.emplace(ref.key, index);
+    m_.storage_index.emplace(ref.key, index);
     return index;
   }
 
@@ -244,7 +243,8 @@ class Walker {
     if (args == kNil || g_.kind(args) != Kind::kTuple) return false;
     const auto& a = g_.items(args);
     auto arg = [&](size_t i) { return i < a.size() ? a[i] : kNil; };
-    if (module == "torch._tensor" && (name == "_rebuild_from_type_v2" || name == "_rebuild_from_type")) {
+    if (module == "torch._tensor" &&
+        (name == "_rebuild_from_type_v2" || name == "_rebuild_from_type")) {
       NodeId inner_fn = arg(0), type = arg(1), inner_args = arg(2);
       std::string sub = kind;
       if (type != kNil && g_.kind(type) == Kind::kGlobal) {
@@ -311,15 +311,16 @@ class Walker {
       return true;
     }
     if (name.starts_with("_rebuild")) {
-      Note(path, fmt::format("unknown tensor form torch._utils.{}; its contents are not listed",
-                             name));
+      Note(path,
+           fmt::format("unknown tensor form torch._utils.{}; its contents are not listed", name));
       return true;
     }
     return false;
   }
 
   // A tensor that is an argument of a composite (sparse/nested): named path.part.
-  void Component(NodeId t, const std::string& path, std::string_view part, const std::string& kind) {
+  void Component(NodeId t, const std::string& path, std::string_view part,
+                 const std::string& kind) {
     if (t == kNil) return;
     std::string sub = path;
     if (!part.empty()) Join(sub, part);
@@ -383,8 +384,8 @@ class Walker {
     std::string where = path.empty() ? "<root>" : path;
     size_t need = fn == "_rebuild_tensor" ? 4 : fn == "_rebuild_tensor_v3" ? 7 : 6;
     if (a.size() < need) {
-      Problem(where, fmt::format("{} called with {} arguments, expected at least {}", fn,
-                                 a.size(), need));
+      Problem(where,
+              fmt::format("{} called with {} arguments, expected at least {}", fn, a.size(), need));
       return;
     }
     if (g_.kind(a[0]) != Kind::kPersId) {
@@ -419,7 +420,8 @@ class Walker {
       t.dtype = DType::kUInt8;
     }
     if (g_.kind(a[1]) != Kind::kInt || g_.at(a[1]).integer < 0) {
-      Problem(where, fmt::format("storage offset {} is not a non-negative integer", g_.Describe(a[1])));
+      Problem(where,
+              fmt::format("storage offset {} is not a non-negative integer", g_.Describe(a[1])));
       return;
     }
     t.offset = g_.at(a[1]).integer;
@@ -487,7 +489,6 @@ class Walker {
   std::vector<bool> on_path_;
   enum Seen : uint8_t { kUnseen, kNothingBelow, kSomethingBelow };
   std::vector<uint8_t> seen_;  // what the first visit of each node found
-  std::unordered_map<std::string, int32_t> by_key_;
   pickle::PathBudget budget_;
   uint64_t name_bytes_ = 0;
   std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor

@@ -75,11 +75,21 @@ int RunStrip(StripCliOptions o) {
                     << "\n";
       }
       if (o.json) {
-        doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},
-                                {"after", r.after}, {"dropped", dropped}, {"rewritten", r.rewritten}});
+        doc["files"].push_back({{"path", r.path},
+                                {"output", r.output},
+                                {"before", r.before},
+                                {"after", r.after},
+                                {"dropped", dropped},
+                                {"rewritten", r.rewritten},
+                                {"note", r.note}});
       } else {
-        std::cout << fmt::format("{}: {} -> {}{}\n", f, HumanBytes(r.before), HumanBytes(r.after),
-                                 r.dropped.empty() ? " (nothing to drop)" : o.dry_run ? " (dry run)" : "");
+        std::string why = r.dropped.empty() ? " (nothing to drop)"
+                          : !r.note.empty() ? " (" + r.note + ")"
+                          : o.dry_run       ? " (dry run)"
+                                            : "";
+        std::cout << Printable(fmt::format("{}: {} -> {}{}", f, HumanBytes(r.before),
+                                           HumanBytes(r.after), why))
+                  << "\n";
       }
     } catch (const Error& e) {
       PrintError(e.what());

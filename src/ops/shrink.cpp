@@ -1,5 +1,7 @@
 #include "ops/shrink.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 
 #include "base/error.h"
@@ -14,9 +16,10 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
   r.path = path;
   CheckpointFile f = OpenCheckpoint(path);
   r.before = r.after = f.map.size();
-  r.output = o.output_dir.empty()
-                 ? path
-                 : (std::filesystem::path(o.output_dir) / std::filesystem::path(path).filename()).string();
+  r.output =
+      o.output_dir.empty()
+          ? path
+          : (std::filesystem::path(o.output_dir) / std::filesystem::path(path).filename()).string();
   if (!f.torch) {
     r.note = "safetensors files hold no views: nothing to shrink";
     return r;
@@ -29,6 +32,13 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
     return r;
   }
   TorchRewrite rewrite(f, std::move(plan.rewrite));
+  if (rewrite.output_size() >= r.before) {
+    // Never a bigger file: what could be dropped costs more to cut out than it holds.
+    r.note = fmt::format("a rewrite would take {} bytes, not fewer than its {}; left as it is",
+                         rewrite.output_size(), r.before);
+    if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);
+    return r;
+  }
   r.after = rewrite.output_size();
   if (o.dry_run) {
     r.note = "dry run";

@@ -229,6 +229,14 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   }
   ShrinkPlan plan = PlanShrink(tf);
   TorchRewrite rewrite(f, std::move(plan.rewrite));
+  if (rewrite.output_size() >= r.before) {
+    // Never a bigger file: what goes is smaller than what rewriting the rest costs.
+    r.note =
+        fmt::format("without it the file would take {} bytes, not fewer than its {}; left as it is",
+                    rewrite.output_size(), r.before);
+    if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);
+    return r;
+  }
   r.after = rewrite.output_size();
   if (o.dry_run) return r;
   rewrite.Write(r.output, o.threads);

@@ -13,7 +13,7 @@ struct StripOptions {
   std::vector<std::string> drop;  // key-path globs; empty: the known training-only entries
   std::vector<std::string> keep;  // key-path globs that are never dropped
   bool dry_run = false;
-  std::string output;             // empty: in place
+  std::string output;  // empty: in place
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
 };
@@ -30,6 +30,7 @@ struct StripResult {
   uint64_t after = 0;
   std::vector<DroppedEntry> dropped;
   bool rewritten = false;
+  std::string note;  // why nothing was written although something could go
 };
 
 // Top-level keys dropped by default: plain training dicts, PyTorch Lightning .ckpt, DeepSpeed

@@ -6,11 +6,12 @@ import resource
 import shutil
 import signal
 import stat
+import zipfile
 
 import torch
 
 from ckpt_testlib import (CkptTestCase, assert_same_aliasing, assert_same_object,
-                          assert_torch_layout, inspect, run)
+                          assert_torch_layout, inspect, read_bytes, run)
 from shrink_fixtures import clean, deepspeed_like
 
 
@@ -218,6 +219,56 @@ class ShrinkTest(CkptTestCase):
                          b["module.layers.0.w"].storage().data_ptr())
         self.assertLess(inspect(p)["storage_bytes"], size_plain)
         run("verify", p)
+
+    def test_small_gaps_stay_in_one_storage(self):
+        # Views of 32 floats with 32 unused floats between them: cutting every gap would cost
+        # more zip records and pickle than the gaps hold (the file once grew 11% this way).
+        flat = torch.randn(2000 * 64)
+        sd = {f"layer.{i}.weight": flat[i * 64:i * 64 + 32] for i in range(2000)}
+        p = self.path("gaps.pt")
+        torch.save(sd, p)
+        before = os.path.getsize(p)
+        run("shrink", p)
+        self.assertLessEqual(os.path.getsize(p), before)
+        self.assertEqual(len(inspect(p)["storages"]), 1)
+        assert_same_object(self, sd, torch.load(p))
+        assert_same_aliasing(self, sd, torch.load(p))
+
+    def rezip_deflated(self, src, dst):
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+            for info in zin.infolist():
+                zout.writestr(info.filename, zin.read(info.filename))
+
+    def test_never_bigger_than_the_input(self):
+        # A deflated file (torch.load reads them) whose storage is mostly zeros: cutting the
+        # unused half still writes the used half uncompressed, which is bigger than all of it
+        # deflated. The file is left as it is, and the report says why.
+        buf = torch.zeros(1 << 18)
+        sd = {"w": buf[: 1 << 17]}
+        plain = self.path("plain.pt")
+        torch.save(sd, plain)
+        p = self.path("deflated.pt")
+        self.rezip_deflated(plain, p)
+        data = read_bytes(p)
+        out = run("shrink", "-d", p).stdout
+        self.assertIn("left as it is", out)
+        self.assertIn("saved 0.00MiB", out)
+        self.assertEqual(read_bytes(p), data)
+        # To another folder: the output is the input, copied unchanged.
+        os.mkdir(self.path("out"))
+        run("shrink", "--output-dir", self.path("out"), p)
+        self.assertEqual(read_bytes(os.path.join(self.path("out"), "deflated.pt")), data)
+        # strip likewise: dropping the (deflated, zero) optimizer state and storing the rest
+        # uncompressed would grow the file.
+        full = self.path("full.pt")
+        torch.save({"model": {"w": torch.zeros(1 << 17)}, "optimizer": {"m": torch.zeros(16)}}, full)
+        q = self.path("full_deflated.pt")
+        self.rezip_deflated(full, q)
+        data = read_bytes(q)
+        out = run("strip", q).stdout
+        self.assertIn("left as it is", out)
+        self.assertEqual(read_bytes(q), data)
+        self.assertTrue(torch.equal(torch.load(q)["model"]["w"], torch.zeros(1 << 17)))
 
     def test_damaged_file_is_refused(self):
         p = self.path("cut.pt")

@@ -1,0 +1,1 @@
+from .generic import ExplicitEnum  # noqa: F401

@@ -80,6 +80,8 @@ constexpr std::string_view kUnsafeModules[] = {
     "socket", "_socket", "ssl", "_ssl", "socketserver", "http", "httplib", "urllib", "urllib2",
     "xmlrpc", "ftplib", "smtplib", "poplib", "imaplib", "nntplib", "telnetlib", "webbrowser",
     "wsgiref", "requests", "aiohttp", "httpx",
+    // compatibility layers that re-export the above (six.moves.builtins.eval...)
+    "six.moves",
 };
 
 // Modules of torch (and their submodules) with the same powers: loading nested pickles,
@@ -106,7 +108,8 @@ constexpr QualName kUnsafeNames[] = {
     {"types", "CodeType"}, {"types", "FunctionType"}, {"types", "LambdaType"}, {"types", "MethodType"},
     {"io", "open"}, {"io", "FileIO"}, {"_io", "open"}, {"_io", "FileIO"}, {"codecs", "open"},
     {"logging", "FileHandler"}, {"uuid", "_get_command_stdout"}, {"pandas", "read_pickle"},
-    {"torch.storage", "_load_from_bytes"},
+    {"torch.storage", "_load_from_bytes"}, {"six", "exec_"}, {"future.utils", "exec_"},
+    {"past.builtins", "execfile"},
 };
 
 // More single functions: loaders of other files (a pickle inside a pickle is never scanned).
@@ -213,6 +216,8 @@ GlobalClass ClassifyAttribute(std::string_view module, std::string_view name,
     return GlobalClass::kUnsafe;
   }
   if (ClassifyGlobal(module, name) == GlobalClass::kUnsafe) return GlobalClass::kUnsafe;
+  // A module's attribute may be another module it imported (torch._utils_internal.os).
+  if (InAny(attr, kUnsafeModules) || InAny(attr, kUnsafeTorchModules)) return GlobalClass::kUnsafe;
   // The global may itself be a module (GLOBAL 'torch serialization'): its attribute is then
   // a global of that module.
   if (ClassifyGlobal(DisplayGlobal(module, name), attr) == GlobalClass::kUnsafe) {

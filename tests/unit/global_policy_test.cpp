@@ -32,7 +32,9 @@ TEST(GlobalPolicy, FlagsCodeExecutionAndSystemAccess) {
                            {"marshal", "loads"},
                            {"shutil", "rmtree"},
                            {"webbrowser", "open"},
-                           {"torch.hub", "load"}}) {
+                           {"torch.hub", "load"},
+                           {"six", "exec_"},
+                           {"six.moves.builtins", "eval"}}) {
     EXPECT_EQ(ClassifyGlobal(m, n), GlobalClass::kUnsafe) << m << "." << n;
   }
 }
@@ -233,6 +235,9 @@ TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
       {"a module global reaching a denied name",
        p2 + g + "ctorch\nserialization\n" + S("load") + "\x86R.",
        {"reads torch.serialization.load (getattr)"}},
+      {"a module's attribute that is a denied module",
+       p2 + g + "ctorch\n_utils_internal\n" + S("os") + "\x86R.",
+       {"reads torch._utils_internal.os (getattr)"}},
       {"a dunder attribute", p2 + g + "cpkg\nC\n" + S("__init__") + "\x86R.",
        {"reads pkg.C.__init__ (getattr)"}},
       {"a private attribute", p2 + g + "cpkg\nC\n" + S("__priv") + "\x86R.",

@@ -81,6 +81,9 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
   std::vector<uint32_t> views(m.storages.size(), 0);
   std::vector<std::string> storage_top(m.storages.size());
   std::vector<bool> has_top(m.storages.size(), false);
+  size_t rows = 0;
+  for (const torch::Tensor& t : m.tensors) rows += t.names.size();
+  r.tensors.reserve(rows);
   for (const torch::Tensor& t : m.tensors) {
     uint64_t es = torch::ElementSize(t.dtype);
     uint64_t bytes = CheckedMul(t.numel, es);

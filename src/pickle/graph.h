@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,12 +44,12 @@ enum class Construct : uint8_t { kReduce, kNewObj, kNewObjEx, kInst };
 
 // Children and construction details of containers and objects.
 struct Compound {
-  std::vector<NodeId> items;  // tuple/list/set elements, or APPENDed items of an object
-  std::vector<NodeId> pairs;  // dict key,value,key,value... or SETITEMs of an object
-  std::vector<NodeId> states; // BUILD arguments, in order
-  NodeId callable = kNil;     // kObject: what is called; kPersId: unused
-  NodeId args = kNil;         // kObject: argument tuple; kPersId: the persistent id
-  NodeId kwargs = kNil;       // NEWOBJ_EX keyword arguments
+  std::vector<NodeId> items;   // tuple/list/set elements, or APPENDed items of an object
+  std::vector<NodeId> pairs;   // dict key,value,key,value... or SETITEMs of an object
+  std::vector<NodeId> states;  // BUILD arguments, in order
+  NodeId callable = kNil;      // kObject: what is called; kPersId: unused
+  NodeId args = kNil;          // kObject: argument tuple; kPersId: the persistent id
+  NodeId kwargs = kNil;        // NEWOBJ_EX keyword arguments
   Construct construct = Construct::kReduce;
 };
 
@@ -59,7 +60,7 @@ struct Node {
   double real = 0;
   uint32_t text_offset = 0;  // into Graph::strings
   uint32_t text_size = 0;
-  uint32_t name_size = 0;    // kGlobal: name follows the module text
+  uint32_t name_size = 0;  // kGlobal: name follows the module text
   uint32_t compound = UINT32_MAX;
   uint64_t stream_offset = 0;  // opcode offset that created the node (for messages)
 };
@@ -68,8 +69,10 @@ class Graph {
  public:
   NodeId root = kNil;
   int protocol = 0;
-  std::vector<Node> nodes;
-  std::vector<Compound> compounds;
+  // Deques: a graph of millions of nodes grows without reallocating (a vector's doubling
+  // would need the old and the new array at once, and up to twice the room it uses).
+  std::deque<Node> nodes;
+  std::deque<Compound> compounds;
   std::string strings;
 
   const Node& at(NodeId id) const { return nodes[id]; }

@@ -502,6 +502,7 @@ class Walker {
 void MergeByNode(Model& m) {
   std::unordered_map<NodeId, size_t> first;
   std::vector<Tensor> merged;
+  merged.reserve(m.tensors.size());
   for (Tensor& t : m.tensors) {
     auto [it, inserted] = first.emplace(t.node, merged.size());
     if (inserted || t.node == kNil) {

@@ -3,12 +3,13 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <set>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/error.h"
 #include "base/utf8.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "io/parallel.h"
@@ -57,27 +58,15 @@ int RunConvert(ConvertCliOptions o) {
   for (const std::string& d : dirs) {
     if (!d.empty()) std::filesystem::create_directories(d);
   }
-  uint64_t total = 0;
-  for (const Job& j : tree.checkpoints) {
-    std::error_code ec;
-    total += std::filesystem::file_size(j.input, ec);
-  }
-  unsigned workers = static_cast<unsigned>(std::min<size_t>(std::max(1u, o.threads), tree.checkpoints.size()));
-  co.threads = std::max(1u, o.threads / workers);
+  std::vector<std::string> inputs;
+  for (const Job& j : tree.checkpoints) inputs.push_back(j.input);
+  Batch batch(inputs, o.threads, "convert", !o.json && StderrIsTerminal());
+  co.threads = batch.threads_per_file();
+  co.bytes_done = batch.bytes_done();
   std::vector<ConvertResult> results(tree.checkpoints.size());
-  std::vector<std::string> errors(tree.checkpoints.size());
-  {
-    Progress progress("convert", total, !o.json && StderrIsTerminal());
-    co.bytes_done = &progress.bytes_done();
-    ParallelFor(tree.checkpoints.size(), workers, [&](size_t i) {
-      try {
-        results[i] = ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
-      } catch (const Error& e) {
-        errors[i] = e.what();
-      }
-      progress.FileDone();
-    });
-  }
+  std::vector<std::string> errors = batch.Run([&](size_t i) {
+    results[i] = ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
+  });
   int rc = 0;
   std::map<std::string, uint64_t> storage_bytes;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
@@ -85,7 +74,8 @@ int RunConvert(ConvertCliOptions o) {
   for (size_t i = 0; i < results.size(); ++i) {
     if (!errors[i].empty()) {
       PrintError(errors[i]);
-      if (o.json) doc["files"].push_back({{"path", tree.checkpoints[i].input}, {"error", errors[i]}});
+      if (o.json)
+        doc["files"].push_back({{"path", tree.checkpoints[i].input}, {"error", errors[i]}});
       rc = 1;
       continue;
     }
@@ -96,13 +86,18 @@ int RunConvert(ConvertCliOptions o) {
     for (const std::string& w : r.warnings)
       std::cerr << "ckptool: warning: " << Printable(r.path + ": " + w) << "\n";
     if (o.json) {
-      doc["files"].push_back({{"path", r.path}, {"output", r.output}, {"before", r.before},
-                              {"after", r.after}, {"converted_tensors", r.converted},
-                              {"kept_float32_tensors", r.kept_float32}, {"warnings", r.warnings}});
+      doc["files"].push_back({{"path", r.path},
+                              {"output", r.output},
+                              {"before", r.before},
+                              {"after", r.after},
+                              {"converted_tensors", r.converted},
+                              {"kept_float32_tensors", r.kept_float32},
+                              {"warnings", r.warnings}});
     } else {
-      std::cout << fmt::format("{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
-                               "{} float32 kept)\n", r.path, r.output, MiB(r.before), MiB(r.after),
-                               r.converted, r.kept_float32);
+      std::cout << fmt::format(
+          "{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
+          "{} float32 kept)\n",
+          r.path, r.output, MiB(r.before), MiB(r.after), r.converted, r.kept_float32);
     }
   }
   for (const Job& j : tree.copies) {
@@ -128,8 +123,9 @@ int RunConvert(ConvertCliOptions o) {
     doc["copied_files"] = tree.copies.size();
     PrintJson(doc);
   } else {
-    std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB ({} other files copied)\n",
-                             MiB(before), MiB(after), MiB(before - std::min(before, after)), tree.copies.size());
+    std::cout << fmt::format(
+        "Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB ({} other files copied)\n",
+        MiB(before), MiB(after), MiB(before - std::min(before, after)), tree.copies.size());
   }
   return rc;
 }

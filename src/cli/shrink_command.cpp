@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "io/parallel.h"
@@ -78,34 +78,17 @@ int RunShrink(ShrinkCliOptions o) {
     PrintError("no torch checkpoints found");
     return 1;
   }
-  uint64_t total = 0;
-  for (const std::string& f : files) {
-    std::error_code ec;
-    total += std::filesystem::file_size(f, ec);
-  }
-  unsigned workers = static_cast<unsigned>(std::min<size_t>(std::max(1u, o.threads), files.size()));
+  Batch batch(files, o.threads, "shrink", !o.json && !o.dry_run && StderrIsTerminal());
   ShrinkOptions so;
   so.dry_run = o.dry_run;
   so.output_dir = o.output_dir;
-  so.threads = std::max(1u, o.threads / workers);
+  so.threads = batch.threads_per_file();
   so.allow_unsafe_globals = o.allow_unsafe_globals;
   so.materialize = o.materialize;
+  so.bytes_done = batch.bytes_done();
   std::vector<ShrinkResult> results(files.size());
-  std::vector<std::string> errors(files.size());
-  {
-    Progress progress("shrink", total, !o.json && !o.dry_run && StderrIsTerminal());
-    so.bytes_done = &progress.bytes_done();
-    ParallelFor(files.size(), workers, [&](size_t i) {
-      try {
-        results[i] = ShrinkFile(files[i], so);
-      } catch (const Error& e) {
-        errors[i] = e.what();
-      } catch (const std::exception& e) {
-        errors[i] = fmt::format("{}: {}", files[i], e.what());
-      }
-      progress.FileDone();
-    });
-  }
+  std::vector<std::string> errors =
+      batch.Run([&](size_t i) { results[i] = ShrinkFile(files[i], so); });
   uint64_t before = 0, after = 0;
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
@@ -129,7 +112,8 @@ int RunShrink(ShrinkCliOptions o) {
                               {"note", r.note}});
     } else if (o.debug) {
       std::cout << fmt::format("{}: before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n", r.path,
-                               MiB(r.before), MiB(r.after), MiB(r.before - std::min(r.before, r.after)),
+                               MiB(r.before), MiB(r.after),
+                               MiB(r.before - std::min(r.before, r.after)),
                                r.note.empty() ? "" : " (" + r.note + ")");
     }
   }
@@ -141,8 +125,9 @@ int RunShrink(ShrinkCliOptions o) {
     doc["dry_run"] = o.dry_run;
     PrintJson(doc);
   } else {
-    std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n", MiB(before),
-                             MiB(after), MiB(saved), o.dry_run ? " (dry run: nothing written)" : "");
+    std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n",
+                             MiB(before), MiB(after), MiB(saved),
+                             o.dry_run ? " (dry run: nothing written)" : "");
   }
   return rc;
 }
@@ -158,7 +143,8 @@ Runner AddShrink(CLI::App& app) {
                  "Only files whose base name matches one of these globs (quote them: 'layer*pt')");
   app.add_flag("-d,--debug", o->debug, "Print each file's before/after/saved sizes");
   app.add_flag("--dry-run", o->dry_run, "Compute the exact savings; write nothing");
-  app.add_option("--output-dir", o->output_dir, "Write results here; leave the originals untouched");
+  app.add_option("--output-dir", o->output_dir,
+                 "Write results here; leave the originals untouched");
   app.add_flag("--materialize", o->materialize,
                "Lay out non-contiguous views that share bytes with nothing else contiguously "
                "when that is smaller (their strides change; off by default)");

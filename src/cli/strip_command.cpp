@@ -8,7 +8,9 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "io/parallel.h"
 #include "ops/checkpoint_file.h"
 #include "ops/strip.h"
@@ -45,7 +47,6 @@ int RunStrip(StripCliOptions o) {
   so.keep = o.keep;
   so.dry_run = o.dry_run;
   so.output = o.output;
-  so.threads = o.threads;
   so.allow_unsafe_globals = o.allow_unsafe_globals;
   std::vector<std::string> files, training_files;
   for (const std::string& p : o.paths) {
@@ -59,53 +60,76 @@ int RunStrip(StripCliOptions o) {
       files.push_back(p);
     }
   }
+  Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal());
+  so.threads = batch.threads_per_file();
+  std::vector<StripResult> results(files.size());
+  std::vector<std::string> errors =
+      batch.Run([&](size_t i) { results[i] = StripFile(files[i], so); });
   int rc = 0;
   uint64_t before = 0, after = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (const std::string& f : files) {
-    try {
-      StripResult r = StripFile(f, so);
-      before += r.before;
-      after += r.after;
-      nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
-      for (const DroppedEntry& d : r.dropped) {
-        dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
-        if (!o.json)
-          std::cout << Printable(fmt::format("{}: drop {} ({})", f, d.path, HumanBytes(d.bytes)))
-                    << "\n";
-      }
-      if (o.json) {
-        doc["files"].push_back({{"path", r.path},
-                                {"output", r.output},
-                                {"before", r.before},
-                                {"after", r.after},
-                                {"dropped", dropped},
-                                {"rewritten", r.rewritten},
-                                {"note", r.note}});
-      } else {
-        std::string why = r.dropped.empty() ? " (nothing to drop)"
-                          : !r.note.empty() ? " (" + r.note + ")"
-                          : o.dry_run       ? " (dry run)"
-                                            : "";
-        std::cout << Printable(fmt::format("{}: {} -> {}{}", f, HumanBytes(r.before),
-                                           HumanBytes(r.after), why))
-                  << "\n";
-      }
-    } catch (const Error& e) {
-      PrintError(e.what());
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!errors[i].empty()) {
+      PrintError(errors[i]);
+      if (o.json) doc["files"].push_back({{"path", files[i]}, {"error", errors[i]}});
       rc = 1;
+      continue;
+    }
+    const StripResult& r = results[i];
+    before += r.before;
+    after += r.after;
+    nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
+    for (const DroppedEntry& d : r.dropped) {
+      dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
+      if (!o.json)
+        std::cout << Printable(fmt::format("{}: drop {} ({})", r.path, d.path, HumanBytes(d.bytes)))
+                  << "\n";
+    }
+    if (o.json) {
+      doc["files"].push_back({{"path", r.path},
+                              {"output", r.output},
+                              {"before", r.before},
+                              {"after", r.after},
+                              {"dropped", dropped},
+                              {"rewritten", r.rewritten},
+                              {"note", r.note}});
+    } else {
+      std::string why = r.dropped.empty() ? " (nothing to drop)"
+                        : !r.note.empty() ? " (" + r.note + ")"
+                        : o.dry_run       ? " (dry run)"
+                                          : "";
+      std::cout << Printable(fmt::format("{}: {} -> {}{}", r.path, HumanBytes(r.before),
+                                         HumanBytes(r.after), why))
+                << "\n";
     }
   }
   nlohmann::ordered_json tfiles = nlohmann::ordered_json::array();
   for (const std::string& t : training_files) {
     std::error_code ec;
     uint64_t size = std::filesystem::file_size(t, ec);
-    bool removed = o.delete_files && !o.dry_run && std::filesystem::remove(t, ec);
-    tfiles.push_back({{"path", t}, {"bytes", size}, {"deleted", removed}});
-    if (!o.json) {
-      std::cout << fmt::format("{}: training-only file, {} ({})\n", t, HumanBytes(size),
-                               removed ? "deleted" : "kept; --delete-files removes it");
+    nlohmann::ordered_json row = {{"path", t}, {"bytes", size}, {"deleted", false}};
+    std::string state = "kept; --delete-files removes it";
+    if (o.delete_files && !o.dry_run) {
+      if (std::filesystem::remove(t, ec)) {
+        row["deleted"] = true;
+        state = "deleted";
+      } else {
+        // A file that could not be deleted is a failure, not a suggestion.
+        std::string why = ec ? ec.message() : "it was gone already";
+        row["error"] = why;
+        PrintError(
+            Printable(fmt::format("{}: could not delete this training-only file: {}", t, why)));
+        rc = 1;
+        state = "NOT deleted: " + why;
+      }
+    } else if (o.dry_run && o.delete_files) {
+      state = "dry run; --delete-files would remove it";
     }
+    tfiles.push_back(row);
+    if (!o.json)
+      std::cout << Printable(
+                       fmt::format("{}: training-only file, {} ({})", t, HumanBytes(size), state))
+                << "\n";
   }
   if (o.json) {
     doc["training_only_files"] = tfiles;

@@ -3,6 +3,7 @@ permissions, read-only and full file systems, inputs changed by another process 
 works on them, and symlinked checkpoints. Each case checks the exact error, that the original
 is byte-for-byte what it was (or what the other process made it), and that no temp file is
 left behind."""
+import json
 import os
 import shutil
 import signal
@@ -165,6 +166,27 @@ class PermissionTest(FileSafetyCase):
         self.assert_clean_failure(
             r, f"{root}: cannot delete checkpoints in this folder (Permission denied); nothing was deleted")
         self.assertEqual(sorted(os.listdir(root)), ["global_step100", "global_step200", "global_step300"])
+
+    def test_strip_reports_training_files_it_could_not_delete(self):
+        # strip DIR --delete-files in a folder whose optimizer file cannot be removed: the
+        # model file is still stripped, the failed delete is an error line and exit 1.
+        sub = self.path("ckpt-100")
+        os.mkdir(sub)
+        optim = os.path.join(sub, "optimizer.pt")
+        torch.save({"state": {0: {"exp_avg": torch.zeros(8)}}}, optim)
+        model = os.path.join(sub, "pytorch_model.bin")
+        torch.save({"w": torch.ones(4)}, model)
+        os.chmod(sub, 0o555)
+        r = run_as_user("strip", "--delete-files", sub)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn(f"{optim}: could not delete this training-only file: Permission denied", r.stderr)
+        self.assertIn("NOT deleted", r.stdout)
+        self.assertNotIn("--delete-files removes it", r.stdout)
+        self.assertTrue(os.path.exists(optim))
+        r = run_as_user("strip", "--delete-files", "--json", sub)
+        self.assertEqual(r.returncode, 1)
+        row = json.loads(r.stdout)["training_only_files"][0]
+        self.assertEqual((row["path"], row["deleted"], row["error"]), (optim, False, "Permission denied"))
 
     def test_read_only_file_system(self):
         mnt = self.mount_tmpfs("ro", "16m")

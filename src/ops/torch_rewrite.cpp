@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <mutex>
 #include <unordered_map>
 
@@ -42,7 +41,8 @@ TorchRewrite::TorchRewrite(CheckpointFile& input, RewritePlan plan)
 void TorchRewrite::RewriteGraph() {
   torch::Model& m = in_.torch->model;
   pickle::Graph& g = m.graph;
-  if (plan_.tensor_storage.size() != m.tensors.size() || plan_.bare_storage.size() != m.bare_refs.size()) {
+  if (plan_.tensor_storage.size() != m.tensors.size() ||
+      plan_.bare_storage.size() != m.bare_refs.size()) {
     Fail("internal: plan does not cover every tensor");
   }
   NodeId tag = g.AddText(Kind::kStr, "storage");
@@ -53,7 +53,8 @@ void TorchRewrite::RewriteGraph() {
     uint64_t out_es = torch::ElementSize(src.dtype);
     if (s.convert) {
       if (src.dtype == torch::DType::kFloat32) {
-        cls = g.AddGlobal("torch", s.to == kernels::Half::kBFloat16 ? "BFloat16Storage" : "HalfStorage");
+        cls = g.AddGlobal("torch",
+                          s.to == kernels::Half::kBFloat16 ? "BFloat16Storage" : "HalfStorage");
         out_es = 2;
       } else if (src.dtype != torch::DType::kUntyped) {
         Fail("internal: converting a {} storage", torch::Name(src.dtype));
@@ -103,16 +104,20 @@ void TorchRewrite::SerializePickle() {
   torch::Model& m = in_.torch->model;
   pickle::Graph& g = m.graph;
   std::unordered_map<NodeId, int32_t> owner;
-  for (size_t i = 0; i < plan_.storages.size(); ++i) owner[plan_.storages[i].persid] = static_cast<int32_t>(i);
-  for (size_t k = 0; k < m.bare_refs.size(); ++k) owner[m.bare_refs[k].first] = plan_.bare_storage[k];
+  for (size_t i = 0; i < plan_.storages.size(); ++i)
+    owner[plan_.storages[i].persid] = static_cast<int32_t>(i);
+  for (size_t k = 0; k < m.bare_refs.size(); ++k)
+    owner[m.bare_refs[k].first] = plan_.bare_storage[k];
   int next = 0;
   pickle::WriteOptions o;
   o.protocol = std::max(2, g.protocol);
   o.before_persid = [&](NodeId p) {
     auto it = owner.find(p);
     if (it == owner.end()) {
-      Fail("the pickle refers to a storage at offset {} that ckptool cannot map; refusing to "
-           "rewrite", g.at(p).stream_offset);
+      Fail(
+          "the pickle refers to a storage at offset {} that ckptool cannot map; refusing to "
+          "rewrite",
+          g.at(p).stream_offset);
     }
     OutStorage& s = plan_.storages[it->second];
     if (s.key.empty()) {
@@ -127,7 +132,7 @@ void TorchRewrite::LayOut() {
   const torch::TorchFile& tf = *in_.torch;
   Bytes file = in_.map.bytes();
   std::string prefix = tf.container == torch::Container::kZip ? tf.prefix : "archive";
-  uint64_t alignment = 64;
+  uint64_t alignment = tf.storage_alignment;                       // validated by the reader
   std::vector<std::pair<std::string, std::string>> before, after;  // metadata records
   if (tf.archive) {
     // Keep every record that is not a storage, in its place relative to the storages.
@@ -142,14 +147,6 @@ void TorchRewrite::LayOut() {
       if (e.name == tf.prefix + "/data.pkl") continue;
       std::string name = e.name.substr(std::min(e.name.size(), tf.prefix.size() + 1));
       std::string bytes = zip::ReadRecord(file, e, kMaxSmallRecord);
-      if (name == ".storage_alignment") {
-        uint64_t a = 0;
-        std::string_view v = bytes;
-        while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.remove_suffix(1);
-        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), a);
-        if (ec != std::errc() || p != v.data() + v.size()) Fail("bad .storage_alignment record '{}'", bytes);
-        alignment = a;
-      }
       (seen_storage ? after : before).emplace_back(name, std::move(bytes));
     }
   } else {
@@ -225,49 +222,51 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
 
   overflow_.assign(plan_.storages.size(), 0);
   // Pieces are in output coordinates; a converted storage reads twice as many input bytes.
-  std::vector<uint32_t> data_crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
-    size_t si = static_cast<size_t>(records_[i].storage);
-    const OutStorage& s = plan_.storages[si];
-    uint64_t dst = placed[i].data_offset;
-    uint64_t src_offset;
-    uint32_t crc = 0;
-    if (s.gather_tensor >= 0) {
-      crc = WriteGathered(s, out, dst);
-      if (stats.bytes_done) *stats.bytes_done += s.size();
-      return crc;
-    }
-    if (SourceIsStored(s, &src_offset)) {
-      uint64_t scale = s.convert ? 2 : 1;
-      if (reuse[i]) {
-        out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
-      } else {
-        MappedFile::Window window(in_.map, src_offset + off * scale, len * scale);
-        crc = WritePiece(si, window.bytes(), out, dst + off);
-      }
-      if (stats.bytes_done) *stats.bytes_done += len * scale;
-      return crc;
-    }
-    // Deflated source: inflate the record and keep this storage's range (whole elements:
-    // a float32 split across two inflated chunks is carried over).
-    const torch::Storage& src = tf.model.storages[s.source];
-    const zip::Entry* e = tf.archive->Find(src.record);
-    uint64_t pos = 0, written = 0;
-    std::string carry;
-    zip::StreamRecord(file, *e, [&](Bytes chunk) {
-      uint64_t lo = std::max(pos, s.begin), hi = std::min(pos + chunk.size(), s.end);
-      pos += chunk.size();
-      if (lo >= hi) return;
-      carry.append(AsText(chunk.subspan(lo - (pos - chunk.size()), hi - lo)));
-      size_t usable = s.convert ? carry.size() / 4 * 4 : carry.size();
-      uint32_t part_crc = WritePiece(si, AsBytes(std::string_view(carry).substr(0, usable)), out, dst + written);
-      uint64_t out_len = s.convert ? usable / 2 : usable;
-      crc = written ? Crc32Combine(crc, part_crc, out_len) : part_crc;
-      written += out_len;
-      carry.erase(0, usable);
-      if (stats.bytes_done) *stats.bytes_done += usable;
-    });
-    return crc;
-  });
+  std::vector<uint32_t> data_crcs =
+      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
+        size_t si = static_cast<size_t>(records_[i].storage);
+        const OutStorage& s = plan_.storages[si];
+        uint64_t dst = placed[i].data_offset;
+        uint64_t src_offset;
+        uint32_t crc = 0;
+        if (s.gather_tensor >= 0) {
+          crc = WriteGathered(s, out, dst);
+          if (stats.bytes_done) *stats.bytes_done += s.size();
+          return crc;
+        }
+        if (SourceIsStored(s, &src_offset)) {
+          uint64_t scale = s.convert ? 2 : 1;
+          if (reuse[i]) {
+            out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
+          } else {
+            MappedFile::Window window(in_.map, src_offset + off * scale, len * scale);
+            crc = WritePiece(si, window.bytes(), out, dst + off);
+          }
+          if (stats.bytes_done) *stats.bytes_done += len * scale;
+          return crc;
+        }
+        // Deflated source: inflate the record and keep this storage's range (whole elements:
+        // a float32 split across two inflated chunks is carried over).
+        const torch::Storage& src = tf.model.storages[s.source];
+        const zip::Entry* e = tf.archive->Find(src.record);
+        uint64_t pos = 0, written = 0;
+        std::string carry;
+        zip::StreamRecord(file, *e, [&](Bytes chunk) {
+          uint64_t lo = std::max(pos, s.begin), hi = std::min(pos + chunk.size(), s.end);
+          pos += chunk.size();
+          if (lo >= hi) return;
+          carry.append(AsText(chunk.subspan(lo - (pos - chunk.size()), hi - lo)));
+          size_t usable = s.convert ? carry.size() / 4 * 4 : carry.size();
+          uint32_t part_crc = WritePiece(si, AsBytes(std::string_view(carry).substr(0, usable)),
+                                         out, dst + written);
+          uint64_t out_len = s.convert ? usable / 2 : usable;
+          crc = written ? Crc32Combine(crc, part_crc, out_len) : part_crc;
+          written += out_len;
+          carry.erase(0, usable);
+          if (stats.bytes_done) *stats.bytes_done += usable;
+        });
+        return crc;
+      });
   for (size_t i = 0; i < records_.size(); ++i) {
     if (records_[i].storage >= 0 && !reuse[i]) crcs[i] = data_crcs[i];
     out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
@@ -279,10 +278,11 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     out.Sync();
   }
   MappedFile written = MappedFile::Open(out.temp_path());
-  WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path), [&] {
-    PerfTimer verify("verify");
-    Verify(written, threads);
-  });
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path),
+              [&] {
+                PerfTimer verify("verify");
+                Verify(written, threads);
+              });
   PerfTimer commit("rename and fsync folder");
   out.Commit();
 }
@@ -301,7 +301,8 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
     const torch::Tensor& x = a.tensors[j];
     const torch::Tensor& y = b.tensors[j];
     const std::vector<int64_t>& stride =
-        plan_.tensor_stride.empty() || plan_.tensor_stride[j].empty() ? x.stride : plan_.tensor_stride[j];
+        plan_.tensor_stride.empty() || plan_.tensor_stride[j].empty() ? x.stride
+                                                                      : plan_.tensor_stride[j];
     const OutStorage* os = x.storage >= 0 ? &plan_.storages[plan_.tensor_storage[j]] : nullptr;
     torch::DType dtype = x.dtype;
     if (os != nullptr && os->convert) {
@@ -313,7 +314,8 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
     }
     if (x.storage < 0) continue;
     const OutStorage& s = plan_.storages[plan_.tensor_storage[j]];
-    if (b.storages[y.storage].key != s.key) Fail("tensor '{}' points at the wrong storage", x.names[0]);
+    if (b.storages[y.storage].key != s.key)
+      Fail("tensor '{}' points at the wrong storage", x.names[0]);
     if (s.gather_tensor >= 0) {
       if (y.byte_begin != 0) Fail("gathered tensor '{}' does not start its storage", x.names[0]);
     } else if (s.convert) {
@@ -329,14 +331,17 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   const auto& entries = o.archive->entries();
   std::vector<uint64_t> sizes;
   for (const zip::Entry& e : entries) sizes.push_back(e.size);
-  std::vector<uint32_t> crcs = ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    MappedFile::Window window(out, entries[i].data_offset + off, len);
-    return Crc32(0, window.bytes());
-  });
+  std::vector<uint32_t> crcs =
+      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        MappedFile::Window window(out, entries[i].data_offset + off, len);
+        return Crc32(0, window.bytes());
+      });
   for (size_t i = 0; i < entries.size(); ++i) {
     if (crcs[i] != entries[i].crc32) {
-      Fail("record '{}' does not match the input's checksum (is the input corrupt? run "
-           "ckptool verify on it)", entries[i].name);
+      Fail(
+          "record '{}' does not match the input's checksum (is the input corrupt? run "
+          "ckptool verify on it)",
+          entries[i].name);
     }
   }
 }
@@ -344,11 +349,12 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
 uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uint64_t dst) const {
   uint32_t crc = 0;
   uint64_t written = 0;
-  StreamTensorBytes(in_.map, *in_.torch, in_.torch->model.tensors[s.gather_tensor], [&](Bytes piece) {
-    crc = Crc32(crc, piece);
-    out.Write(dst + written, piece);
-    written += piece.size();
-  });
+  StreamTensorBytes(in_.map, *in_.torch, in_.torch->model.tensors[s.gather_tensor],
+                    [&](Bytes piece) {
+                      crc = Crc32(crc, piece);
+                      out.Write(dst + written, piece);
+                      written += piece.size();
+                    });
   if (written != s.size()) Fail("internal: gathered {} bytes, planned {}", written, s.size());
   return crc;
 }
@@ -356,7 +362,8 @@ uint32_t TorchRewrite::WriteGathered(const OutStorage& s, AtomicOutput& out, uin
 uint32_t TorchRewrite::WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst) {
   const OutStorage& s = plan_.storages[storage];
   uint64_t overflow = 0;
-  uint32_t crc = ckpt::WritePiece(out, dst, src, s.convert ? std::optional(s.to) : std::nullopt, &overflow);
+  uint32_t crc =
+      ckpt::WritePiece(out, dst, src, s.convert ? std::optional(s.to) : std::nullopt, &overflow);
   if (overflow) {
     std::lock_guard<std::mutex> lock(overflow_mutex_);
     overflow_[storage] += overflow;
@@ -370,7 +377,8 @@ void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals) {
     Fail("{}: {}: {} (run ckptool verify); not rewriting a damaged file", f.path,
          m.problems[0].where, m.problems[0].what);
   }
-  if (!m.notes.empty()) Fail("{}: {}; not rewriting what ckptool does not fully understand", f.path, m.notes[0]);
+  if (!m.notes.empty())
+    Fail("{}: {}; not rewriting what ckptool does not fully understand", f.path, m.notes[0]);
   if (allow_unsafe_globals) return;
   std::vector<torch::UnsafeFinding> unsafe = torch::FindUnsafe(m.graph);
   if (!unsafe.empty()) {

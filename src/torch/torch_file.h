@@ -30,13 +30,14 @@ struct ReadOptions {
 struct TorchFile {
   Container container = Container::kZip;
   Model model;
-  std::vector<Region> regions;   // everything but storage data
-  uint64_t pickle_offset = 0;    // data.pkl (or the legacy object pickle) in the file
+  std::vector<Region> regions;  // everything but storage data
+  uint64_t pickle_offset = 0;   // data.pkl (or the legacy object pickle) in the file
   uint64_t pickle_size = 0;
   std::vector<std::string> records;  // zip: other records' names (version, byteorder...)
-  std::string prefix;            // zip: top-level folder ("archive", "model"...)
+  std::string prefix;                // zip: top-level folder ("archive", "model"...)
   std::string byteorder = "little";
   // Zip only.
+  uint64_t storage_alignment = 64;  // the .storage_alignment record (torch >= 2.6 writes it)
   std::optional<zip::Archive> archive;
 };
 

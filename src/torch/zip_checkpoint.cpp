@@ -7,6 +7,8 @@
 // does the same), so any top-level folder name is accepted.
 #include <fmt/format.h>
 
+#include <charconv>
+
 #include "base/checked.h"
 #include "base/error.h"
 #include "torch/torch_file.h"
@@ -18,7 +20,8 @@ namespace {
 void AddZipRegions(const zip::Archive& a, TorchFile& tf) {
   for (const zip::Entry& e : a.entries()) {
     tf.regions.push_back({e.header_offset, e.header_size, "zip headers"});
-    if (e.extra_size) tf.regions.push_back({e.header_offset + e.header_size, e.extra_size, "zip padding"});
+    if (e.extra_size)
+      tf.regions.push_back({e.header_offset + e.header_size, e.extra_size, "zip padding"});
     if (e.descriptor_size) tf.regions.push_back({e.data_end(), e.descriptor_size, "zip headers"});
   }
   tf.regions.push_back({a.directory_offset(), a.directory_size(), "zip directory"});
@@ -28,6 +31,25 @@ void AddZipRegions(const zip::Archive& a, TorchFile& tf) {
 std::string Trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
+}
+
+// torch.load reads it with int(); ckptool's writer keeps the alignment, which the zip 'FB'
+// extra field (a u16 of padding) limits to powers of two up to 32 KiB.
+void ReadStorageAlignment(Bytes file, const zip::Entry& e, TorchFile& tf) {
+  std::string v = Trimmed(zip::ReadRecord(file, e, 64));
+  uint64_t a = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), a);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size() || a == 0) {
+    tf.model.problems.push_back(
+        {e.name, fmt::format("storage alignment '{}' is not a positive number", v)});
+    return;
+  }
+  if ((a & (a - 1)) != 0 || a > 32768) {
+    tf.model.notes.push_back(fmt::format(
+        "storage alignment {} is not a power of two up to 32768; ckptool cannot rewrite it", a));
+    return;
+  }
+  tf.storage_alignment = a;
 }
 
 }  // namespace
@@ -63,8 +85,8 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
                          options.limits);
   });
   if (parsed.end != pb.size()) {
-    tf.model.problems.push_back({pkl->name, fmt::format("{} bytes after the pickle's STOP",
-                                                        pb.size() - parsed.end)});
+    tf.model.problems.push_back(
+        {pkl->name, fmt::format("{} bytes after the pickle's STOP", pb.size() - parsed.end)});
   }
   tf.model.graph = std::move(parsed.graph);
   BuildTensorTable(tf.model, /*legacy=*/false);
@@ -96,11 +118,14 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
     }
     tf.records.push_back(e.name);
     bool orphan = e.name.rfind(root + "data/", 0) == 0;
-    tf.regions.push_back({e.data_offset, e.compressed_size, orphan ? "unreferenced records" : "metadata records"});
+    tf.regions.push_back(
+        {e.data_offset, e.compressed_size, orphan ? "unreferenced records" : "metadata records"});
     if (e.name.rfind(root, 0) != 0) {
       tf.model.problems.push_back({e.name, fmt::format("record is outside the '{}' folder "
-                                                       "(torch >= 2.2 refuses such files)", root)});
+                                                       "(torch >= 2.2 refuses such files)",
+                                                       root)});
     }
+    if (e.name == root + ".storage_alignment") ReadStorageAlignment(file, e, tf);
     if (e.name == root + "byteorder") {
       tf.byteorder = Trimmed(zip::ReadRecord(file, e, 64));
       if (tf.byteorder != "little" && tf.byteorder != "big") {

@@ -45,10 +45,11 @@ void PrintError(const std::string& message) {
 }  // namespace ckpt::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
-               "safetensors) without executing them"};
+  CLI::App app{
+      "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
+      "safetensors) without executing them"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ckptool 0.1.0");
+  app.set_version_flag("--version", "ckptool " CKPT_VERSION);
   bool perf = false;
   app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr");
   struct Command {
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
   add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
   add("shrink", "Drop storage bytes no tensor uses; rewrite safely in place or to --output-dir",
       ckpt::cli::AddShrink);
-  add("convert", "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
+  add("convert",
+      "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
       ckpt::cli::AddConvert);
   add("export", "Write a checkpoint's tensors as safetensors (optionally bf16/fp16, sharded)",
       ckpt::cli::AddExport);

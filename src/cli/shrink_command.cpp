@@ -1,5 +1,4 @@
 #include <fmt/format.h>
-#include <fnmatch.h>
 
 #include <filesystem>
 #include <iostream>
@@ -7,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -33,11 +33,7 @@ struct ShrinkCliOptions {
 
 bool MatchesPatterns(const std::string& path, const std::vector<std::string>& patterns) {
   if (patterns.empty()) return true;
-  std::string base = std::filesystem::path(path).filename().string();
-  for (const std::string& p : patterns) {
-    if (::fnmatch(p.c_str(), base.c_str(), 0) == 0) return true;
-  }
-  return false;
+  return MatchesAnyGlob(patterns, std::filesystem::path(path).filename().string());
 }
 
 std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {

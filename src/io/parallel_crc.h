@@ -9,6 +9,16 @@
 
 namespace ckpt {
 
+// Pieces of this size keep every core busy on one huge record and each thread's resident
+// bytes small.
+inline constexpr uint64_t kCrcPiece = 16ull << 20;
+
+// The size to give for a range that must be handled in one go (a deflated stream, a strided
+// gather): 1, one piece (fn gets offset 0, length 1), or 0 when it is empty.
+inline uint64_t WholeRange(uint64_t bytes) {
+  return bytes > 0 ? 1 : 0;
+}
+
 // fn(range, offset_in_range, length) returns the CRC32 of that piece.
 using PieceFn = std::function<uint32_t(size_t range, uint64_t offset, uint64_t length)>;
 

@@ -55,6 +55,10 @@ constexpr const char* kMarker = ".ckptool-tmp-";
 
 }  // namespace
 
+bool IsTempFileName(std::string_view name) {
+  return name.find(kMarker) != std::string_view::npos;
+}
+
 void InstallInterruptHandlers() {
   if (g_installed.exchange(true)) return;
   struct sigaction sa {};

@@ -7,8 +7,12 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace ckpt {
+
+// Is this file name one of ckptool's temp files (a run killed outright leaves them)?
+bool IsTempFileName(std::string_view name);
 
 // Installs the handlers once; later calls do nothing. SIGBUS (a mapped input truncated by
 // another process) also removes temp files and exits with a clear message.

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/perf.h"
+#include "io/temp_files.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt {
@@ -14,9 +15,12 @@ namespace fs = std::filesystem;
 
 const char* FormatName(Format f) {
   switch (f) {
-    case Format::kTorchZip: return "torch-zip";
-    case Format::kTorchLegacy: return "torch-legacy";
-    case Format::kSafetensors: return "safetensors";
+    case Format::kTorchZip:
+      return "torch-zip";
+    case Format::kTorchLegacy:
+      return "torch-legacy";
+    case Format::kSafetensors:
+      return "safetensors";
   }
   return "?";
 }
@@ -67,9 +71,15 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
     }
     f.format = *format;
     switch (f.format) {
-      case Format::kTorchZip: f.torch = torch::ReadTorchZip(bytes, options); break;
-      case Format::kTorchLegacy: f.torch = torch::ReadTorchLegacy(bytes, options); break;
-      case Format::kSafetensors: f.st = safetensors::Parse(bytes); break;
+      case Format::kTorchZip:
+        f.torch = torch::ReadTorchZip(bytes, options);
+        break;
+      case Format::kTorchLegacy:
+        f.torch = torch::ReadTorchLegacy(bytes, options);
+        break;
+      case Format::kSafetensors:
+        f.st = safetensors::Parse(bytes);
+        break;
     }
   });
   return f;
@@ -92,7 +102,7 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
       std::string p = it->path().string();
       // ckptool's own temp files (a run killed outright leaves them) are never inputs.
-      if (it->path().filename().string().find(".ckptool-tmp-") != std::string::npos) continue;
+      if (IsTempFileName(it->path().filename().string())) continue;
       try {
         MappedFile m = MappedFile::Open(p);
         if (DetectFormat(m.bytes())) {

@@ -1,13 +1,13 @@
 #include "ops/convert.h"
 
 #include <fmt/format.h>
-#include <fnmatch.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
@@ -21,15 +21,6 @@
 namespace ckpt {
 
 namespace {
-
-constexpr uint64_t kPiece = 16ull << 20;
-
-bool MatchesAny(const std::string& name, const std::vector<std::string>& globs) {
-  for (const std::string& g : globs) {
-    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  }
-  return false;
-}
 
 std::string JoinNames(const std::vector<std::string>& names, size_t max = 3) {
   std::string s;
@@ -63,8 +54,9 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
       if (t.dtype != torch::DType::kFloat32) float32 = false;
       (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).push_back(t.names[0]);
     }
-    bool typed_ok = src.dtype == torch::DType::kFloat32 ||
-                    (src.dtype == torch::DType::kUntyped && s.begin % 4 == 0 && (s.end - s.begin) % 4 == 0);
+    bool typed_ok =
+        src.dtype == torch::DType::kFloat32 ||
+        (src.dtype == torch::DType::kUntyped && s.begin % 4 == 0 && (s.end - s.begin) % 4 == 0);
     if (!float32 || !typed_ok || bare[c] || src.compressed) {
       continue;
     }
@@ -73,8 +65,9 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
       continue;
     }
     if (!no.empty()) {
-      r.warnings.push_back(fmt::format("{} and {} share a storage; kept as float32 so they still alias",
-                                       JoinNames(yes), JoinNames(no)));
+      r.warnings.push_back(
+          fmt::format("{} and {} share a storage; kept as float32 so they still alias",
+                      JoinNames(yes), JoinNames(no)));
       r.kept_float32 += yes.size() + no.size();
       continue;
     }
@@ -117,8 +110,8 @@ struct StPlan {
   uint64_t overflow = 0;
 };
 
-ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, const ConvertOptions& o,
-                                 ConvertResult r) {
+ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
+                                 const ConvertOptions& o, ConvertResult r) {
   const safetensors::File& st = *f.st;
   std::vector<StPlan> plan;
   for (const safetensors::TensorEntry& e : st.tensors) {
@@ -151,21 +144,22 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
   std::vector<uint64_t> sizes;
   for (const StPlan& p : plan) sizes.push_back(p.out.size);
   std::mutex mutex;
-  std::vector<uint32_t> crcs = ParallelCrc(sizes, o.threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    StPlan& p = plan[i];
-    uint64_t scale = p.convert ? 2 : 1;
-    MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
-    Bytes src = window.bytes();
-    uint64_t overflow = 0;
-    uint32_t crc = WritePiece(out, layout.offsets[i] + off, src, p.convert ? std::optional(o.to) : std::nullopt,
-                              &overflow);
-    if (overflow) {
-      std::lock_guard<std::mutex> lock(mutex);
-      p.overflow += overflow;
-    }
-    if (o.bytes_done) *o.bytes_done += len * scale;
-    return crc;
-  });
+  std::vector<uint32_t> crcs =
+      ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        StPlan& p = plan[i];
+        uint64_t scale = p.convert ? 2 : 1;
+        MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
+        Bytes src = window.bytes();
+        uint64_t overflow = 0;
+        uint32_t crc = WritePiece(out, layout.offsets[i] + off, src,
+                                  p.convert ? std::optional(o.to) : std::nullopt, &overflow);
+        if (overflow) {
+          std::lock_guard<std::mutex> lock(mutex);
+          p.overflow += overflow;
+        }
+        if (o.bytes_done) *o.bytes_done += len * scale;
+        return crc;
+      });
   out.SetMode(f.map.mode(), f.map.uid(), f.map.gid());
   out.Sync();
   // Verify: the new file passes the reader's rules, and every tensor's bytes hash to what
@@ -177,7 +171,8 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
     if (back.tensors.size() != plan.size()) Fail("tensor count differs");
     for (size_t i = 0; i < plan.size(); ++i) {
       const safetensors::TensorEntry& e = back.tensors[i];
-      if (e.name != plan[i].out.name || e.dtype != plan[i].out.dtype || e.shape != plan[i].out.shape) {
+      if (e.name != plan[i].out.name || e.dtype != plan[i].out.dtype ||
+          e.shape != plan[i].out.shape) {
         Fail("tensor '{}' changed", plan[i].out.name);
       }
       uint32_t crc = Crc32(0, Slice(written.bytes(), back.data_offset + e.begin, e.end - e.begin));
@@ -198,17 +193,19 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output, c
 
 }  // namespace
 
-bool SelectedForConversion(const std::vector<std::string>& names, size_t rank, const ConvertOptions& o) {
+bool SelectedForConversion(const std::vector<std::string>& names, size_t rank,
+                           const ConvertOptions& o) {
   if (o.keep_1d && rank == 1) return false;
   bool only = o.only.empty();
   for (const std::string& n : names) {
-    if (MatchesAny(n, o.keep)) return false;
-    if (!only && MatchesAny(n, o.only)) only = true;
+    if (MatchesAnyGlob(o.keep, n)) return false;
+    if (!only && MatchesAnyGlob(o.only, n)) only = true;
   }
   return only;
 }
 
-ConvertResult ConvertFile(const std::string& path, const std::string& output, const ConvertOptions& o) {
+ConvertResult ConvertFile(const std::string& path, const std::string& output,
+                          const ConvertOptions& o) {
   std::error_code ec;
   if (std::filesystem::equivalent(path, output, ec)) {
     Fail("{}: convert never overwrites its input; choose another output", path);

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
@@ -28,16 +29,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr uint64_t kPiece = 16ull << 20;
-
 // One tensor to write: where it comes from and what it becomes.
 struct Item {
   size_t file = 0;
   size_t tensor = 0;
-  std::string name;      // kept name
-  std::string dtype;     // safetensors dtype written
+  std::string name;   // kept name
+  std::string dtype;  // safetensors dtype written
   bool convert = false;
-  uint64_t size = 0;     // bytes written
+  uint64_t size = 0;  // bytes written
   uint32_t crc = 0;
 };
 
@@ -63,8 +62,7 @@ std::vector<std::string> SourceFiles(const std::vector<std::string>& sources) {
 }
 
 bool UnderPrefix(const std::string& name, const std::string& prefix) {
-  return prefix.empty() || (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
-                            name[prefix.size()] == '.');
+  return prefix.empty() || IsBelowKeyPath(name, prefix);
 }
 
 std::string Relative(const std::string& name, const std::string& prefix) {
@@ -90,7 +88,8 @@ std::string ChooseSelection(const torch::Model& m, const std::string& requested)
   return "";
 }
 
-void WriteShard(const std::string& path, std::vector<Item>& items, const std::map<std::string, std::string>& meta,
+void WriteShard(const std::string& path, std::vector<Item>& items,
+                const std::map<std::string, std::string>& meta,
                 const std::vector<std::unique_ptr<CheckpointFile>>& files, const ExportOptions& o) {
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     uint32_t x = safetensors::DTypeBits(a.dtype), y = safetensors::DTypeBits(b.dtype);
@@ -109,30 +108,32 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
   std::vector<uint64_t> sizes;
   for (const Item& it : items) {
     const torch::Tensor& t = files[it.file]->torch->model.tensors[it.tensor];
-    sizes.push_back(IsContiguous(t) ? it.size : (it.size ? 1 : 0));  // strided: one piece
+    sizes.push_back(IsContiguous(t) ? it.size : WholeRange(it.size));  // strided: one piece
   }
-  std::vector<uint32_t> crcs = ParallelCrc(sizes, o.threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
-    const Item& it = items[i];
-    const CheckpointFile& f = *files[it.file];
-    const torch::Tensor& t = f.torch->model.tensors[it.tensor];
-    std::optional<kernels::Half> to = it.convert ? o.to : std::nullopt;
-    uint64_t scale = it.convert ? 2 : 1;
-    if (IsContiguous(t)) {
-      const torch::Storage& s = f.torch->model.storages[t.storage];
-      if (!s.present || s.compressed) Fail("tensor '{}': its storage record is compressed or missing", it.name);
-      MappedFile::Window w(f.map, s.data_offset + t.byte_begin + off * scale, len * scale);
-      return WritePiece(out, layout.offsets[i] + off, w.bytes(), to, nullptr);
-    }
-    uint32_t crc = 0;
-    uint64_t written = 0;
-    StreamTensorBytes(f.map, *f.torch, t, [&](Bytes piece) {
-      uint32_t c = WritePiece(out, layout.offsets[i] + written, piece, to, nullptr);
-      uint64_t n = piece.size() / scale;
-      crc = written ? Crc32Combine(crc, c, n) : c;
-      written += n;
-    });
-    return crc;
-  });
+  std::vector<uint32_t> crcs =
+      ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        const Item& it = items[i];
+        const CheckpointFile& f = *files[it.file];
+        const torch::Tensor& t = f.torch->model.tensors[it.tensor];
+        std::optional<kernels::Half> to = it.convert ? o.to : std::nullopt;
+        uint64_t scale = it.convert ? 2 : 1;
+        if (IsContiguous(t)) {
+          const torch::Storage& s = f.torch->model.storages[t.storage];
+          if (!s.present || s.compressed)
+            Fail("tensor '{}': its storage record is compressed or missing", it.name);
+          MappedFile::Window w(f.map, s.data_offset + t.byte_begin + off * scale, len * scale);
+          return WritePiece(out, layout.offsets[i] + off, w.bytes(), to, nullptr);
+        }
+        uint32_t crc = 0;
+        uint64_t written = 0;
+        StreamTensorBytes(f.map, *f.torch, t, [&](Bytes piece) {
+          uint32_t c = WritePiece(out, layout.offsets[i] + written, piece, to, nullptr);
+          uint64_t n = piece.size() / scale;
+          crc = written ? Crc32Combine(crc, c, n) : c;
+          written += n;
+        });
+        return crc;
+      });
   out.SetDefaultMode();
   out.Sync();
   MappedFile written = MappedFile::Open(out.temp_path());
@@ -144,9 +145,12 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
     if (by_name.size() != items.size()) Fail("tensor count differs");
     for (size_t i = 0; i < items.size(); ++i) {
       auto e = by_name.find(items[i].name);
-      if (e == by_name.end() || e->second->dtype != items[i].dtype) Fail("tensor '{}' is missing", items[i].name);
-      MappedFile::Window w(written, back.data_offset + e->second->begin, e->second->end - e->second->begin);
-      if (Crc32(0, w.bytes()) != crcs[i]) Fail("tensor '{}' does not hold the bytes written", items[i].name);
+      if (e == by_name.end() || e->second->dtype != items[i].dtype)
+        Fail("tensor '{}' is missing", items[i].name);
+      MappedFile::Window w(written, back.data_offset + e->second->begin,
+                           e->second->end - e->second->begin);
+      if (Crc32(0, w.bytes()) != crcs[i])
+        Fail("tensor '{}' does not hold the bytes written", items[i].name);
     }
   });
   out.Commit();
@@ -154,14 +158,16 @@ void WriteShard(const std::string& path, std::vector<Item>& items, const std::ma
 
 }  // namespace
 
-ExportResult Export(const std::vector<std::string>& sources, const std::string& to, const ExportOptions& o) {
+ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
+                    const ExportOptions& o) {
   ExportResult r;
   std::vector<std::unique_ptr<CheckpointFile>> files;
   for (const std::string& path : SourceFiles(sources)) {
     auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(path));
     if (!f->torch) Fail("{}: already safetensors (use ckptool convert to change dtypes)", path);
     const torch::Model& m = f->torch->model;
-    if (!m.problems.empty()) Fail("{}: {}: {} (run ckptool verify)", path, m.problems[0].where, m.problems[0].what);
+    if (!m.problems.empty())
+      Fail("{}: {}: {} (run ckptool verify)", path, m.problems[0].where, m.problems[0].what);
     for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph)) {
       r.warnings.push_back(
           fmt::format("{}: the pickle {} (never run; left behind by export)", path, u.what));
@@ -176,7 +182,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   std::set<std::string> used_names;
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const torch::Model& m = files[fi]->torch->model;
-    std::map<std::tuple<int32_t, uint64_t, int, std::vector<int64_t>, std::vector<int64_t>>, size_t> groups;
+    std::map<std::tuple<int32_t, uint64_t, int, std::vector<int64_t>, std::vector<int64_t>>, size_t>
+        groups;
     for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
       const torch::Tensor& t = m.tensors[ti];
       std::vector<std::string> names;
@@ -191,8 +198,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         Fail("tensor '{}' is {}; safetensors cannot hold it", shown, t.kind);
       }
       std::string_view st_dtype = torch::Info(t.dtype).safetensors;
-      if (st_dtype.empty()) Fail("tensor '{}': safetensors has no {} dtype", shown, torch::Name(t.dtype));
-      auto key = std::make_tuple(t.storage, t.byte_begin, static_cast<int>(t.dtype), t.shape, t.stride);
+      if (st_dtype.empty())
+        Fail("tensor '{}': safetensors has no {} dtype", shown, torch::Name(t.dtype));
+      auto key =
+          std::make_tuple(t.storage, t.byte_begin, static_cast<int>(t.dtype), t.shape, t.stride);
       auto [g, fresh] = groups.emplace(key, items.size());
       if (fresh) {
         Item it;
@@ -222,7 +231,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     while (aliases.count(kept)) kept = aliases[kept];
   }
   for (const Item& it : items) {
-    if (!used_names.insert(it.name).second) Fail("two different tensors are both named '{}'", it.name);
+    if (!used_names.insert(it.name).second)
+      Fail("two different tensors are both named '{}'", it.name);
   }
   if (items.empty()) Fail("no tensors to export");
 
@@ -245,7 +255,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   uint64_t total = 0;
   for (size_t si = 0; si < shards.size(); ++si) {
     std::string name = shards.size() == 1 ? stem + ".safetensors"
-                                          : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, si + 1, shards.size());
+                                          : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem,
+                                                        si + 1, shards.size());
     std::map<std::string, std::string> meta;
     for (const Item& it : shards[si]) {
       weight_map[it.name] = name;
@@ -262,7 +273,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = nlohmann::ordered_json(weight_map);
-    std::string text = index.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    std::string text =
+        index.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     std::string path = (dir / (stem + ".safetensors.index.json")).string();
     AtomicOutput out = AtomicOutput::Create(path, text.size());
     out.Write(0, AsBytes(text));

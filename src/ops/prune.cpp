@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,8 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/names.h"
+#include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
 #include "ops/strip.h"
 
@@ -55,7 +56,7 @@ bool LooksComplete(const fs::path& p, std::string* why) {
     for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
       if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
       std::string name = it->path().filename().string();
-      if (name.find(".ckptool-tmp-") != std::string::npos || name.ends_with(".tmp")) {
+      if (IsTempFileName(name) || name.ends_with(".tmp")) {
         *why = "holds a temp file " + name;
         return false;
       }
@@ -108,7 +109,8 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
   std::vector<fs::path> states;
   if (fs::exists(root / "trainer_state.json", ec)) states.push_back(root / "trainer_state.json");
   for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory(ec) && !e.is_symlink(ec) && fs::exists(e.path() / "trainer_state.json", ec)) {
+    if (e.is_directory(ec) && !e.is_symlink(ec) &&
+        fs::exists(e.path() / "trainer_state.json", ec)) {
       states.push_back(e.path() / "trainer_state.json");
     }
   }
@@ -116,8 +118,10 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
     try {
       nlohmann::json j = nlohmann::json::parse(ReadSmallFile(s));
       if (j.contains("best_model_checkpoint") && j["best_model_checkpoint"].is_string()) {
-        std::string best = fs::path(j["best_model_checkpoint"].get<std::string>()).filename().string();
-        if (out.insert(best).second) notes.push_back(fmt::format("best_model_checkpoint is {}", best));
+        std::string best =
+            fs::path(j["best_model_checkpoint"].get<std::string>()).filename().string();
+        if (out.insert(best).second)
+          notes.push_back(fmt::format("best_model_checkpoint is {}", best));
       }
     } catch (const std::exception&) {
       notes.push_back(fmt::format("{}: unreadable, ignored", s.string()));
@@ -131,17 +135,11 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
     fs::path canon = fs::weakly_canonical(target, ec);
     if (canon.parent_path() == fs::weakly_canonical(root, ec)) {
       out.insert(canon.filename().string());
-      notes.push_back(fmt::format("{} links to {}", e.path().filename().string(), canon.filename().string()));
+      notes.push_back(
+          fmt::format("{} links to {}", e.path().filename().string(), canon.filename().string()));
     }
   }
   return out;
-}
-
-bool MatchesAny(const std::vector<std::string>& globs, const std::string& name) {
-  for (const std::string& g : globs) {
-    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  }
-  return false;
 }
 
 // Rename first (atomic: the checkpoint's name is gone at once), then delete.
@@ -178,8 +176,10 @@ void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
 
 int64_t StepFromName(const std::string& name) {
   static const std::vector<std::regex> patterns = {
-      std::regex(R"(^global_step(\d+)$)"),  std::regex(R"(^checkpoint-(\d+)$)"),
-      std::regex(R"(^iter_(\d+)$)"),        std::regex(R"((?:^|[-_])step=(\d+)(?:[-_.]|$))"),
+      std::regex(R"(^global_step(\d+)$)"),
+      std::regex(R"(^checkpoint-(\d+)$)"),
+      std::regex(R"(^iter_(\d+)$)"),
+      std::regex(R"((?:^|[-_])step=(\d+)(?:[-_.]|$))"),
       std::regex(R"(^(?:model|step|ckpt|checkpoint)[_-](\d+)(?:\.[A-Za-z0-9]+)?$)"),
   };
   std::smatch m;
@@ -190,7 +190,8 @@ int64_t StepFromName(const std::string& name) {
 }
 
 PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
-  if (o.keep_last < 1) Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
+  if (o.keep_last < 1)
+    Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
   fs::path root(root_arg);
   if (!fs::is_directory(root)) Fail("{}: not a folder", root_arg);
   PruneResult r;
@@ -198,7 +199,8 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
   for (const auto& e : fs::directory_iterator(root)) {
     std::string name = e.path().filename().string();
     if (name.rfind(kTrashPrefix, 0) == 0) {
-      r.notes.push_back(fmt::format("{}: left by an interrupted prune{}", name, o.yes ? "; removed" : ""));
+      r.notes.push_back(
+          fmt::format("{}: left by an interrupted prune{}", name, o.yes ? "; removed" : ""));
       if (o.yes) fs::remove_all(e.path(), ec);
       continue;
     }
@@ -214,7 +216,9 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
     if (!pe.complete) pe.reason = "looks incomplete (" + why + "): left alone";
     r.entries.push_back(std::move(pe));
   }
-  if (r.entries.empty()) Fail("{}: no recognisable checkpoints (global_stepN, checkpoint-N, iter_N, step=N...)", root_arg);
+  if (r.entries.empty())
+    Fail("{}: no recognisable checkpoints (global_stepN, checkpoint-N, iter_N, step=N...)",
+         root_arg);
   // Numeric order by step; ties by modification time.
   std::sort(r.entries.begin(), r.entries.end(), [&](const PruneEntry& a, const PruneEntry& b) {
     if (a.step != b.step) return a.step < b.step;
@@ -241,13 +245,14 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
     } else if (o.keep_every && e.step % o.keep_every == 0) {
       e.keep = true;
       e.reason = fmt::format("step is a multiple of {}", o.keep_every);
-    } else if (MatchesAny(o.keep, e.name)) {
+    } else if (MatchesAnyGlob(o.keep, e.name)) {
       e.keep = true;
       e.reason = "matches --keep";
     } else {
       e.reason = "older than the newest kept";
     }
-    if (e.keep && o.strip_older && newest_seen > o.strip_older) e.reason += "; optimizer state stripped";
+    if (e.keep && o.strip_older && newest_seen > o.strip_older)
+      e.reason += "; optimizer state stripped";
   }
   for (PruneEntry& e : r.entries) {
     if (!e.keep) r.bytes_freed += e.bytes;

@@ -1,13 +1,12 @@
 #include "ops/strip.h"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "ops/checkpoint_file.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
@@ -31,11 +30,10 @@ const std::vector<std::string>& DefaultDropKeys() {
 
 bool IsTrainingOnlyFile(const std::string& path) {
   std::string name = fs::path(path).filename().string();
-  for (const char* glob : {"*optim_states.pt", "optimizer.pt", "optimizer.bin", "optimizer.pth",
-                           "scheduler.pt", "scheduler.pth", "rng_state*.pth", "scaler.pt"}) {
-    if (::fnmatch(glob, name.c_str(), 0) == 0) return true;
-  }
-  return false;
+  static const std::vector<std::string> kGlobs = {
+      "*optim_states.pt", "optimizer.pt",  "optimizer.bin",  "optimizer.pth",
+      "scheduler.pt",     "scheduler.pth", "rng_state*.pth", "scaler.pt"};
+  return MatchesAnyGlob(kGlobs, name);
 }
 
 std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
@@ -51,19 +49,11 @@ std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
 
 namespace {
 
-bool Matches(const std::vector<std::string>& globs, const std::string& path) {
-  for (const std::string& g : globs) {
-    if (::fnmatch(g.c_str(), path.c_str(), 0) == 0) return true;
-  }
-  return false;
-}
-
 // A --keep glob protects a path when it matches it or names something below it.
 bool Protected(const std::vector<std::string>& keep, const std::string& path) {
+  if (MatchesAnyGlob(keep, path)) return true;
   for (const std::string& k : keep) {
-    if (::fnmatch(k.c_str(), path.c_str(), 0) == 0) return true;
-    if (k.size() > path.size() && k.compare(0, path.size(), path) == 0 && k[path.size()] == '.')
-      return true;
+    if (IsBelowKeyPath(k, path)) return true;
   }
   return false;
 }
@@ -93,7 +83,7 @@ class Dropper {
     bool wanted = o_.drop.empty()
                       ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
                                                 path) != DefaultDropKeys().end()
-                      : Matches(o_.drop, path);
+                      : MatchesAnyGlob(o_.drop, path);
     return wanted && !Protected(o_.keep, path);
   }
 
@@ -186,8 +176,7 @@ void RebuildTensorTable(torch::TorchFile& tf) {
 }
 
 bool Under(const std::string& name, const std::string& path) {
-  return name == path || (name.size() > path.size() && name.compare(0, path.size(), path) == 0 &&
-                          name[path.size()] == '.');
+  return name == path || IsBelowKeyPath(name, path);
 }
 
 }  // namespace

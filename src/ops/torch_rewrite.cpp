@@ -21,7 +21,6 @@ namespace ckpt {
 
 namespace {
 
-constexpr uint64_t kPiece = 16ull << 20;  // per-thread resident bytes stay small
 constexpr uint64_t kMaxSmallRecord = 256ull << 20;
 
 using pickle::Kind;
@@ -207,7 +206,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
     const torch::Storage& src = tf.model.storages[s.source];
     uint64_t offset;
     if (!SourceIsStored(s, &offset) || s.gather_tensor >= 0) {
-      sizes[i] = s.size() > 0 ? 1 : 0;  // one piece: the inflated stream or the gather
+      sizes[i] = WholeRange(s.size());  // the inflated stream or the gather
       continue;
     }
     sizes[i] = s.size();
@@ -223,7 +222,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads, const 
   overflow_.assign(plan_.storages.size(), 0);
   // Pieces are in output coordinates; a converted storage reads twice as many input bytes.
   std::vector<uint32_t> data_crcs =
-      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
+      ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
         size_t si = static_cast<size_t>(records_[i].storage);
         const OutStorage& s = plan_.storages[si];
         uint64_t dst = placed[i].data_offset;
@@ -332,7 +331,7 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   std::vector<uint64_t> sizes;
   for (const zip::Entry& e : entries) sizes.push_back(e.size);
   std::vector<uint32_t> crcs =
-      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+      ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
         MappedFile::Window window(out, entries[i].data_offset + off, len);
         return Crc32(0, window.bytes());
       });

@@ -12,20 +12,18 @@ namespace ckpt {
 namespace {
 
 // Stored records are hashed in parallel pieces; deflated ones are inflated as a stream.
-constexpr uint64_t kPiece = 16ull << 20;
 
 void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   const zip::Archive& a = *f.torch->archive;
   Bytes file = f.map.bytes();
   const auto& entries = a.entries();
-  // A deflated record is one piece (length 1 stands for "the whole stream").
   std::vector<uint64_t> sizes;
   for (const zip::Entry& e : entries)
-    sizes.push_back(e.method == zip::Method::kStored ? e.size : 1);
+    sizes.push_back(e.method == zip::Method::kStored ? e.size : WholeRange(e.size));
   std::mutex mutex;
   std::vector<torch::Problem> errors;
   std::vector<uint32_t> crcs =
-      ParallelCrc(sizes, threads, kPiece, [&](size_t i, uint64_t off, uint64_t len) {
+      ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
         const zip::Entry& e = entries[i];
         try {
           if (e.method == zip::Method::kStored) {

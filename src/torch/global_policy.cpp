@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "base/names.h"
 #include "torch/dtype.h"
 
 namespace ckpt::torch {
@@ -143,8 +144,7 @@ constexpr QualName kTorchAllowed[] = {
 // clang-format on
 
 bool InModule(std::string_view module, std::string_view root) {
-  return module == root ||
-         (module.size() > root.size() && module.starts_with(root) && module[root.size()] == '.');
+  return module == root || IsBelowKeyPath(module, root);
 }
 
 template <size_t N>

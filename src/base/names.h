@@ -1,0 +1,17 @@
+// Matching names the same way in every command: shell globs (fnmatch, no flags: '*' also
+// crosses '.' and '/') and dotted key paths ("optimizer.state.0" is below "optimizer").
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckpt {
+
+bool MatchesAnyGlob(const std::vector<std::string>& globs, const std::string& name);
+
+// Is `name` strictly below the dotted path `path` ("a.b.c" below "a.b"; "a.bc" and "a.b"
+// itself are not)?
+bool IsBelowKeyPath(std::string_view name, std::string_view path);
+
+}  // namespace ckpt

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "base/error.h"
+#include "cli/commands.h"
 #include "io/parallel.h"
 
 namespace ckpt::cli {
@@ -16,6 +17,14 @@ std::string NamingFile(const std::string& path, const std::string& what) {
     return what;
   }
   return path + ": " + what;
+}
+
+bool ReportFailure(const std::string& path, const std::string& error, bool json,
+                   nlohmann::ordered_json& json_files) {
+  if (error.empty()) return false;
+  PrintError(error);
+  if (json) json_files.push_back({{"path", path}, {"error", error}});
+  return true;
 }
 
 Batch::Batch(const std::vector<std::string>& files, unsigned threads, std::string label,

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/progress.h"
 
 namespace ckpt::cli {
@@ -35,6 +37,11 @@ class Batch {
   unsigned threads_per_file_;
   std::unique_ptr<Progress> progress_;
 };
+
+// For one file of a batch: when `error` is set, prints it and adds {path, error} to the
+// JSON report's file list; true when the file failed.
+bool ReportFailure(const std::string& path, const std::string& error, bool json,
+                   nlohmann::ordered_json& json_files);
 
 // `what` with `path: ` in front unless it already names the path there.
 std::string NamingFile(const std::string& path, const std::string& what);

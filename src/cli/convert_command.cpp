@@ -72,10 +72,7 @@ int RunConvert(ConvertCliOptions o) {
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
   for (size_t i = 0; i < results.size(); ++i) {
-    if (!errors[i].empty()) {
-      PrintError(errors[i]);
-      if (o.json)
-        doc["files"].push_back({{"path", tree.checkpoints[i].input}, {"error", errors[i]}});
+    if (ReportFailure(tree.checkpoints[i].input, errors[i], o.json, doc["files"])) {
       rc = 1;
       continue;
     }

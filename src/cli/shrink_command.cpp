@@ -89,9 +89,7 @@ int RunShrink(ShrinkCliOptions o) {
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   for (size_t i = 0; i < files.size(); ++i) {
-    if (!errors[i].empty()) {
-      PrintError(errors[i]);
-      if (o.json) doc["files"].push_back({{"path", files[i]}, {"error", errors[i]}});
+    if (ReportFailure(files[i], errors[i], o.json, doc["files"])) {
       rc = 1;
       continue;
     }

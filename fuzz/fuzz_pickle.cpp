@@ -1,23 +1,69 @@
-// Fuzz target: the pickle parser, then the tensor walker and the writer over what it built.
+// Fuzz target: the pickle parser, the writer with a round trip as the oracle, then the tensor
+// walker over what the parser built.
+//
+// Oracle: whatever graph the parser accepts, the writer either refuses (a ckpt::Error: a
+// value the protocol cannot hold, nesting too deep...) or writes a pickle that parses back to
+// the same graph (pickle::CompareGraphs: kinds, values and sharing). A written pickle that
+// does not parse, or parses differently, aborts: that is a writer (or parser) bug.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "base/error.h"
+#include "pickle/graph_compare.h"
 #include "pickle/parser.h"
 #include "pickle/writer.h"
 #include "torch/model.h"
+
+namespace {
+
+[[noreturn]] void Mismatch(int protocol, const std::string& what) {
+  std::fprintf(stderr, "pickle round trip (protocol %d): %s\n", protocol, what.c_str());
+  std::abort();
+}
+
+void RoundTrip(ckpt::pickle::Graph& graph, int protocol) {
+  ckpt::pickle::WriteOptions o;
+  o.protocol = protocol;
+  std::string written;
+  try {
+    written = ckpt::pickle::Write(graph, graph.root, o);
+  } catch (const ckpt::Error&) {
+    return;  // refused: allowed
+  }
+  ckpt::pickle::Graph back;
+  try {
+    // Default (larger) limits: the written stream may memoize more than the input did.
+    ckpt::pickle::ParseResult r = ckpt::pickle::Parse(
+        ckpt::Bytes(reinterpret_cast<const uint8_t*>(written.data()), written.size()));
+    if (r.end != written.size()) Mismatch(protocol, "bytes after STOP in the written pickle");
+    back = std::move(r.graph);
+  } catch (const ckpt::Error& e) {
+    Mismatch(protocol, std::string("the written pickle does not parse: ") + e.what());
+  }
+  std::string diff = ckpt::pickle::CompareGraphs(graph, graph.root, back, back.root);
+  if (!diff.empty()) Mismatch(protocol, diff);
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::pickle::Limits limits;
   limits.max_nodes = 1 << 20;
   limits.max_memo = 1 << 20;
+  ckpt::torch::Model m;
   try {
-    ckpt::torch::Model m;
     m.graph = ckpt::pickle::Parse(ckpt::Bytes(data, size), 0, limits).graph;
+  } catch (const ckpt::Error&) {
+    return 0;
+  }
+  // The protocol torch writes, and the newest (which every value kind fits).
+  RoundTrip(m.graph, 2);
+  RoundTrip(m.graph, 5);
+  try {
     ckpt::torch::BuildTensorTable(m, false);
-    ckpt::pickle::WriteOptions o;
-    o.protocol = 5;
-    ckpt::pickle::Write(m.graph, m.graph.root, o);
   } catch (const ckpt::Error&) {
   }
   return 0;

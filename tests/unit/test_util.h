@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/byte_cursor.h"
@@ -72,8 +73,8 @@ inline std::string BuildZip(const std::vector<ZipRecord>& records, bool zip64_en
       deflateEnd(&zs);
       payload = buf;
     }
-    Central c{r.name, crc, payload.size(), r.data.size(), out.size(),
-              static_cast<uint16_t>(r.deflate ? 8 : 0)};
+    Central c{r.name,        crc,        payload.size(),
+              r.data.size(), out.size(), static_cast<uint16_t>(r.deflate ? 8 : 0)};
     AppendLE<uint32_t>(out, 0x04034b50);
     AppendLE<uint16_t>(out, 20);
     AppendLE<uint16_t>(out, 0x0808);
@@ -144,13 +145,23 @@ inline std::string BuildZip(const std::vector<ZipRecord>& records, bool zip64_en
 // A tiny pickle assembler: P().proto(2).bin_int(5).stop().bytes
 class P {
  public:
-  P& raw(std::string_view s) { b_.append(s); return *this; }
-  P& op(uint8_t code) { b_.push_back(static_cast<char>(code)); return *this; }
+  P& raw(std::string_view s) {
+    b_.append(s);
+    return *this;
+  }
+  P& op(uint8_t code) {
+    b_.push_back(static_cast<char>(code));
+    return *this;
+  }
   P& proto(uint8_t v) { return op(0x80).op(v); }
   P& mark() { return op('('); }
   P& stop() { return op('.'); }
   P& none() { return op('N'); }
-  P& bin_int(int32_t v) { op('J'); AppendLE<int32_t>(b_, v); return *this; }
+  P& bin_int(int32_t v) {
+    op('J');
+    AppendLE<int32_t>(b_, v);
+    return *this;
+  }
   P& str(std::string_view s) {
     op('X');
     AppendLE<uint32_t>(b_, static_cast<uint32_t>(s.size()));
@@ -172,5 +183,34 @@ class P {
  private:
   std::string b_;
 };
+
+// Pushes a torch tensor the way torch.save pickles one:
+// _rebuild_tensor_v2(storage(key, numel), offset, (size,), (1,), False, OrderedDict()).
+inline P& PushTensor(P& p, int32_t numel, int32_t offset, int32_t size,
+                     const char* storage_class = "FloatStorage", std::string_view key = "0") {
+  return p.global("torch._utils", "_rebuild_tensor_v2")
+      .mark()
+      .mark()
+      .str("storage")
+      .global("torch", storage_class)
+      .str(key)
+      .str("cpu")
+      .bin_int(numel)
+      .op('t')
+      .op('Q')
+      .bin_int(offset)
+      .mark()
+      .bin_int(size)
+      .op('t')
+      .mark()
+      .bin_int(1)
+      .op('t')
+      .op(0x89)
+      .global("collections", "OrderedDict")
+      .op(')')
+      .op('R')
+      .op('t')
+      .op('R');
+}
 
 }  // namespace ckpt::test

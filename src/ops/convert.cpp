@@ -11,9 +11,11 @@
 #include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
+#include "io/file_copy.h"
 #include "io/parallel_crc.h"
 #include "ops/checkpoint_file.h"
 #include "ops/piece_writer.h"
+#include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 #include "safetensors/safetensors_writer.h"
@@ -45,7 +47,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
   for (int32_t b : rp.bare_storage) bare[b] = true;
   bool any = false;
   for (size_t c = 0; c < rp.storages.size(); ++c) {
-    OutStorage& s = rp.storages[c];
+    PlannedStorage& s = rp.storages[c];
     const torch::Storage& src = m.storages[s.source];
     std::vector<std::string> yes, no;
     bool float32 = !members[c].empty();
@@ -77,19 +79,19 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     any = true;
   }
   if (!any && !plan.changes) {
-    CopyUnchanged(f, output);
-    for (const OutStorage& s : rp.storages) r.storage_bytes += s.size();
+    CopyFileAtomically(f.map, output);
+    for (const PlannedStorage& s : rp.storages) r.storage_bytes += s.size();
     r.after = r.before;
     return r;
   }
   TorchRewrite rewrite(f, std::move(plan.rewrite));
-  WriteStats stats;
-  stats.bytes_done = o.bytes_done;
-  rewrite.Write(output, o.threads, stats);
+  WriteProgress progress;
+  progress.bytes_done = o.bytes_done;
+  rewrite.Write(output, o.threads, progress);
   r.after = rewrite.output_size();
   for (size_t c = 0; c < rewrite.plan().storages.size(); ++c) {
-    const OutStorage& s = rewrite.plan().storages[c];
-    if (!s.key.empty()) r.storage_bytes += s.size();
+    const PlannedStorage& s = rewrite.plan().storages[c];
+    if (rewrite.written(c)) r.storage_bytes += s.size();
     if (rewrite.overflow()[c]) {
       std::vector<std::string> names;
       for (size_t j : members[c]) names.push_back(m.tensors[j].names[0]);

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "io/atomic_output.h"
+#include "io/file_copy.h"
 #include "io/mapped_file.h"
 #include "ops/checkpoint_file.h"
 
@@ -35,7 +36,8 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
       if (!output_file.empty()) {
         t.checkpoints.push_back({path, output_file});
       } else if (!output_dir.empty()) {
-        t.checkpoints.push_back({path, (fs::path(output_dir) / fs::path(path).filename()).string()});
+        t.checkpoints.push_back(
+            {path, (fs::path(output_dir) / fs::path(path).filename()).string()});
       } else {
         Fail("{}: give --output-dir DIR or -o FILE for a single file", path);
       }
@@ -65,12 +67,7 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
 }
 
 void CopyFile(const Job& job) {
-  MappedFile in = MappedFile::Open(job.input);
-  AtomicOutput out = AtomicOutput::Create(job.output, in.size());
-  out.RequireUnchanged(in);
-  out.CopyFrom(in.fd(), 0, 0, in.size());
-  out.SetMode(in.mode(), in.uid(), in.gid());
-  out.Commit();
+  CopyFileAtomically(MappedFile::Open(job.input), job.output);
 }
 
 uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& storage_bytes) {
@@ -91,10 +88,12 @@ uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& sto
   uint64_t total = 0;
   for (const std::string& s : shards) {
     auto it = storage_bytes.find(s);
-    if (it == storage_bytes.end()) Fail("{}: names shard '{}', which was not converted", job.input, s);
+    if (it == storage_bytes.end())
+      Fail("{}: names shard '{}', which was not converted", job.input, s);
     total += it->second;
   }
-  if (!j.contains("metadata") || !j["metadata"].is_object()) j["metadata"] = nlohmann::ordered_json::object();
+  if (!j.contains("metadata") || !j["metadata"].is_object())
+    j["metadata"] = nlohmann::ordered_json::object();
   j["metadata"]["total_size"] = total;
   std::string text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   AtomicOutput out = AtomicOutput::Create(job.output, text.size());

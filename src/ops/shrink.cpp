@@ -5,7 +5,9 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "io/file_copy.h"
 #include "ops/checkpoint_file.h"
+#include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 
@@ -28,7 +30,7 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
   ShrinkPlan plan = PlanShrink(*f.torch, o.materialize);
   if (!plan.changes) {
     r.note = "nothing to drop";
-    if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);
+    if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
     return r;
   }
   TorchRewrite rewrite(f, std::move(plan.rewrite));
@@ -36,7 +38,7 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
     // Never a bigger file: what could be dropped costs more to cut out than it holds.
     r.note = fmt::format("a rewrite would take {} bytes, not fewer than its {}; left as it is",
                          rewrite.output_size(), r.before);
-    if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);
+    if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
     return r;
   }
   r.after = rewrite.output_size();
@@ -44,9 +46,9 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
     r.note = "dry run";
     return r;
   }
-  WriteStats stats;
-  stats.bytes_done = o.bytes_done;
-  rewrite.Write(r.output, o.threads, stats);
+  WriteProgress progress;
+  progress.bytes_done = o.bytes_done;
+  rewrite.Write(r.output, o.threads, progress);
   r.rewritten = true;
   return r;
 }

@@ -16,8 +16,8 @@ uint64_t AlignUp(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
 
-OutStorage Part(size_t source, uint64_t begin, uint64_t end) {
-  OutStorage s;
+PlannedStorage Part(size_t source, uint64_t begin, uint64_t end) {
+  PlannedStorage s;
   s.source = static_cast<int32_t>(source);
   s.begin = begin;
   s.end = end;
@@ -40,7 +40,7 @@ void Materialize(const torch::Model& m, RewritePlan& rp) {
   }
   for (int32_t b : rp.bare_storage) members[b].push_back(SIZE_MAX);  // fully used: keep
   for (size_t c = 0; c < rp.storages.size(); ++c) {
-    OutStorage& s = rp.storages[c];
+    PlannedStorage& s = rp.storages[c];
     if (members[c].size() != 1 || members[c][0] == SIZE_MAX) continue;
     size_t j = members[c][0];
     const torch::Tensor& t = m.tensors[j];
@@ -107,7 +107,7 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
     std::vector<uint64_t> align;  // per component of this storage
     for (const Range& r : ranges) {
       if (rp.storages.size() > first) {
-        OutStorage& last = rp.storages.back();
+        PlannedStorage& last = rp.storages.back();
         uint64_t a = std::max(align.back(), r.align);
         bool join = r.begin <= last.end || r.begin - last.end <= split_cost ||
                     AlignDown(r.begin, std::max(es, r.align)) < AlignUp(last.end, es);
@@ -145,8 +145,9 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
       const torch::Tensor& t = m.tensors[j];
       size_t c = first;
       if (t.numel > 0) {
-        auto after = std::upper_bound(parts_begin, rp.storages.end(), t.byte_begin,
-                                      [](uint64_t v, const OutStorage& o) { return v < o.begin; });
+        auto after =
+            std::upper_bound(parts_begin, rp.storages.end(), t.byte_begin,
+                             [](uint64_t v, const PlannedStorage& o) { return v < o.begin; });
         if (after != parts_begin) c = static_cast<size_t>(after - rp.storages.begin()) - 1;
       }
       rp.tensor_storage[j] = static_cast<int32_t>(c);
@@ -167,7 +168,7 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
   if (materialize) {
     Materialize(m, rp);
     plan.kept_bytes = 0;
-    for (const OutStorage& o : rp.storages) {
+    for (const PlannedStorage& o : rp.storages) {
       plan.kept_bytes += o.size();
       if (o.gather_tensor >= 0) plan.changes = true;
     }

@@ -7,7 +7,9 @@
 
 #include "base/error.h"
 #include "base/names.h"
+#include "io/file_copy.h"
 #include "ops/checkpoint_file.h"
+#include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 #include "pickle/path_budget.h"
@@ -201,7 +203,7 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
       WithContext(path, [&] { return Dropper(tf.model.graph, o).Run(); });
   for (const std::string& d : dropped) r.dropped.push_back({d, 0});
   if (dropped.empty()) {
-    if (r.output != path && !o.dry_run) CopyUnchanged(f, r.output);
+    if (r.output != path && !o.dry_run) CopyFileAtomically(f.map, r.output);
     return r;
   }
   RebuildTensorTable(tf);
@@ -223,7 +225,7 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
     r.note =
         fmt::format("without it the file would take {} bytes, not fewer than its {}; left as it is",
                     rewrite.output_size(), r.before);
-    if (!o.dry_run && r.output != path) CopyUnchanged(f, r.output);
+    if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
     return r;
   }
   r.after = rewrite.output_size();

@@ -1,57 +1,31 @@
-// Rewriting a torch checkpoint from a plan of output storages: the writer every
-// transform shares (shrink today; convert and strip build on the same plan).
+// Rewriting a torch checkpoint from a RewritePlan (rewrite_plan.h): the writer shrink, strip
+// and convert share.
 //
-// Data flows one way: the plan says which byte range of which input storage becomes each
-// output storage and where every tensor lands; Prepare() rewrites the object graph
-// accordingly, serialises the pickle and lays the zip out (so the exact output size is
-// known before writing); Write() fills the records in parallel into a temp file, verifies
-// it, and only then renames it over the destination.
+// Data flows one way: the constructor rewrites the object graph as the plan says, serialises
+// the pickle and lays the zip out, so the exact output size is known before writing; Write()
+// fills the records in parallel into a temp file (one strategy per byte source, in
+// rewrite_sources.cpp), verifies what it wrote (rewrite_verify.cpp), and only then renames it
+// over the destination.
 #pragma once
 
 #include <atomic>
-#include <mutex>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "io/mapped_file.h"
-#include "kernels/float_convert.h"
 #include "ops/checkpoint_file.h"
+#include "ops/rewrite_plan.h"
+#include "pickle/graph.h"
 #include "zip/zip_writer.h"
 
 namespace ckpt {
 
-struct OutStorage {
-  int32_t source = -1;      // input storage index
-  uint64_t begin = 0;       // byte range of the input storage
-  uint64_t end = 0;
-  // When >= 0: the storage holds this input tensor's elements gathered in row-major order
-  // (a non-contiguous view laid out contiguously) instead of the byte range.
-  int32_t gather_tensor = -1;
-  uint64_t gather_bytes = 0;
-  // When set: the range holds float32 values written as this 16-bit type.
-  bool convert = false;
-  kernels::Half to = kernels::Half::kBFloat16;
+class AtomicOutput;
 
-  uint64_t size() const {
-    return gather_tensor >= 0 ? gather_bytes : convert ? (end - begin) / 2 : end - begin;
-  }
-  std::string key;          // assigned when the pickle is written ("0", "1"... in first-use order)
-  pickle::NodeId persid = pickle::kNil;
-  pickle::NodeId key_node = pickle::kNil;
-};
-
-struct RewritePlan {
-  std::vector<OutStorage> storages;
-  std::vector<int32_t> tensor_storage;  // per input tensor: output storage index
-  std::vector<int64_t> tensor_offset;   // per input tensor: new storage offset (elements)
-  std::vector<int32_t> bare_storage;    // per Model::bare_refs entry: output storage index
-  // Per input tensor: its new stride when it is gathered, else empty (stride unchanged).
-  std::vector<std::vector<int64_t>> tensor_stride;
-};
-
-struct WriteStats {
-  std::atomic<uint64_t>* bytes_done = nullptr;  // progress counter, may be null
+struct WriteProgress {
+  std::atomic<uint64_t>* bytes_done = nullptr;  // input bytes done, may be null
 };
 
 class TorchRewrite {
@@ -61,45 +35,58 @@ class TorchRewrite {
 
   uint64_t output_size() const { return zip_.total_size(); }
   const RewritePlan& plan() const { return plan_; }
-  // After Write(): per output storage, finite values that overflowed to infinity.
+  // Does the new pickle refer to planned storage i (so the output holds a record for it)?
+  bool written(size_t storage) const { return !outputs_[storage].key.empty(); }
+  // After Write(): per planned storage, finite values that overflowed to infinity.
   const std::vector<uint64_t>& overflow() const { return overflow_; }
 
   // Writes, verifies and atomically installs the output at `final_path` (which may be the
-  // input's own path). `mode_from` supplies the permissions to keep.
-  void Write(const std::string& final_path, unsigned threads, const WriteStats& stats = {});
+  // input's own path), with the input's permissions.
+  void Write(const std::string& final_path, unsigned threads, const WriteProgress& progress = {});
 
  private:
+  // Writer state of one planned storage: its record key ("0", "1"... in first-use order,
+  // assigned when the pickle is written) and its nodes in the rewritten graph.
+  struct StorageOutput {
+    std::string key;
+    pickle::NodeId persid = pickle::kNil;
+    pickle::NodeId key_node = pickle::kNil;
+  };
   struct Record {
-    std::string data;        // small records: their bytes
-    int32_t storage = -1;    // storage records: index into plan_.storages
+    std::string data;      // small records: their bytes
+    int32_t storage = -1;  // storage records: index into plan_.storages
   };
 
   void RewriteGraph();
   void SerializePickle();
   void LayOut();
-  // Where the bytes of output storage i come from.
-  bool SourceIsStored(const OutStorage& s, uint64_t* file_offset) const;
-  // Writes the gathered elements of output storage `s` at `dst`; returns their CRC32.
-  uint32_t WriteGathered(const OutStorage& s, class AtomicOutput& out, uint64_t dst) const;
-  // Writes input bytes `src` (a piece of output storage `s`) at `dst`, converted when the
-  // storage is; returns the CRC32 of what was written.
-  uint32_t WritePiece(size_t storage, Bytes src, class AtomicOutput& out, uint64_t dst);
+  // Input file offset of the planned storage's first byte, when its record is stored.
+  bool SourceIsStored(const PlannedStorage& s, uint64_t* file_offset) const;
+
+  // Write strategies, one per byte source; each returns the CRC32 of what it wrote at `dst`.
+  // Bytes [off, off+len) (output coordinates) of a stored source; `whole_record` copies them
+  // with the kernel and trusts the input record's CRC (returns 0).
+  uint32_t WriteStored(size_t storage, uint64_t off, uint64_t len, bool whole_record,
+                       AtomicOutput& out, uint64_t dst);
+  // A gathered (materialized) tensor.
+  uint32_t WriteGathered(const PlannedStorage& s, AtomicOutput& out, uint64_t dst) const;
+  // The planned range of a deflated source record, inflated as a stream.
+  uint32_t WriteInflated(size_t storage, AtomicOutput& out, uint64_t dst,
+                         const WriteProgress& progress);
+  // Input bytes `src` of planned storage `storage` at `dst`, converted when it is.
+  uint32_t WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst);
+
+  // Re-reads the written file and checks it against the input and the plan.
   void Verify(const MappedFile& out, unsigned threads) const;
 
   CheckpointFile& in_;
   RewritePlan plan_;
+  std::vector<StorageOutput> outputs_;
   std::string pickle_;
   std::vector<Record> records_;
   zip::ZipPlan zip_;
   std::vector<uint64_t> overflow_;
   std::mutex overflow_mutex_;
 };
-
-// Refuses files whose rewrite could lose something (structural problems, tensor forms not
-// fully understood) or launder something (code-execution globals, unless allowed).
-void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals);
-
-// Copies the input unchanged to `dest`, atomically, keeping its mode.
-void CopyUnchanged(const CheckpointFile& f, const std::string& dest);
 
 }  // namespace ckpt

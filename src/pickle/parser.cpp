@@ -1,5 +1,6 @@
 #include "pickle/parser.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -15,8 +16,7 @@ namespace {
 
 class Parser {
  public:
-  Parser(Bytes data, uint64_t base, const Limits& limits)
-      : c_(data, base), limits_(limits) {}
+  Parser(Bytes data, uint64_t base, const Limits& limits) : c_(data, base), limits_(limits) {}
 
   ParseResult Run() {
     for (;;) {
@@ -125,18 +125,35 @@ class Parser {
   uint64_t ParseDecimal(std::string_view s) {
     uint64_t v = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc() || p != s.data() + s.size()) Error("bad decimal '" + std::string(s) + "'");
+    if (ec != std::errc() || p != s.data() + s.size())
+      Error("bad decimal '" + std::string(s) + "'");
     return v;
+  }
+  // INT as CPython's unpickler reads it (_pickle.c load_int): C's strtol with base 0, so
+  // "010" is 8 and "0x10" is 16; two characters that say 0 or 1 ("00", "01", "+1") are the
+  // protocol-0 spelling of False and True; past a long, Python's int().
+  NodeId IntOpcode(std::string_view s) {
+    std::string text(s);
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(text.c_str(), &end, 0);
+    if (errno == 0 && end != text.c_str() && *end == '\0') {
+      if (s.size() == 2 && (v == 0 || v == 1)) return NewBool(v == 1);
+      return NewInt(v);
+    }
+    return IntFromText(s);
   }
   NodeId IntFromText(std::string_view s) {
     while (!s.empty() && (s.back() == 'L' || s.back() == ' ' || s.back() == '\r')) {
       s.remove_suffix(1);
     }
+    if (s.size() > 1 && s[0] == '+') s.remove_prefix(1);
     int64_t v = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (ec == std::errc() && p == s.data() + s.size()) return NewInt(v);
     std::string le;
-    if (!DecimalToTwosComplement(s, le)) Error("bad integer '" + std::string(s.substr(0, 40)) + "'");
+    if (!DecimalToTwosComplement(s, le))
+      Error("bad integer '" + std::string(s.substr(0, 40)) + "'");
     return NewText(Kind::kBigInt, le);
   }
   NodeId IntFromBytes(Bytes b) {
@@ -211,7 +228,9 @@ void Parser::Step(uint8_t code) {
       g_.protocol = v;
       return;
     }
-    case op::kFrame: ReadSize(c_.ReadLE<uint64_t>()); return;
+    case op::kFrame:
+      ReadSize(c_.ReadLE<uint64_t>());
+      return;
     case op::kMark:
       if (marks_.size() >= limits_.max_depth) {
         Error(fmt::format("more than {} nested MARKs (limit)", limits_.max_depth));
@@ -225,26 +244,40 @@ void Parser::Step(uint8_t code) {
         PopMark();
       }
       return;
-    case op::kPopMark: PopMark(); return;
-    case op::kDup: Push(Top()); return;
-
-    case op::kNone: Push(NewNode(Kind::kNone)); return;
-    case op::kNewTrue: Push(NewBool(true)); return;
-    case op::kNewFalse: Push(NewBool(false)); return;
-    case op::kInt: {
-      std::string_view s = c_.ReadLine();
-      if (s == "01" || s == "00") {
-        Push(NewBool(s == "01"));
-      } else {
-        Push(IntFromText(s));
-      }
+    case op::kPopMark:
+      PopMark();
       return;
-    }
-    case op::kLong: Push(IntFromText(c_.ReadLine())); return;
-    case op::kBinInt: Push(NewInt(c_.ReadLE<int32_t>())); return;
-    case op::kBinInt1: Push(NewInt(c_.ReadU8())); return;
-    case op::kBinInt2: Push(NewInt(c_.ReadLE<uint16_t>())); return;
-    case op::kLong1: Push(IntFromBytes(c_.Read(c_.ReadU8()))); return;
+    case op::kDup:
+      Push(Top());
+      return;
+
+    case op::kNone:
+      Push(NewNode(Kind::kNone));
+      return;
+    case op::kNewTrue:
+      Push(NewBool(true));
+      return;
+    case op::kNewFalse:
+      Push(NewBool(false));
+      return;
+    case op::kInt:
+      Push(IntOpcode(c_.ReadLine()));
+      return;
+    case op::kLong:
+      Push(IntFromText(c_.ReadLine()));
+      return;
+    case op::kBinInt:
+      Push(NewInt(c_.ReadLE<int32_t>()));
+      return;
+    case op::kBinInt1:
+      Push(NewInt(c_.ReadU8()));
+      return;
+    case op::kBinInt2:
+      Push(NewInt(c_.ReadLE<uint16_t>()));
+      return;
+    case op::kLong1:
+      Push(IntFromBytes(c_.Read(c_.ReadU8())));
+      return;
     case op::kLong4: {
       int32_t n = c_.ReadLE<int32_t>();
       if (n < 0) Error("negative LONG4 length");
@@ -259,7 +292,9 @@ void Parser::Step(uint8_t code) {
       Push(NewFloat(v));
       return;
     }
-    case op::kBinFloat: Push(NewFloat(std::bit_cast<double>(c_.ReadBE<uint64_t>()))); return;
+    case op::kBinFloat:
+      Push(NewFloat(std::bit_cast<double>(c_.ReadBE<uint64_t>())));
+      return;
 
     case op::kString: {
       std::string out;
@@ -273,7 +308,9 @@ void Parser::Step(uint8_t code) {
       Push(NewText(Kind::kStr, c_.ReadText(ReadSize(static_cast<uint64_t>(n)))));
       return;
     }
-    case op::kShortBinString: Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8()))); return;
+    case op::kShortBinString:
+      Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8())));
+      return;
     case op::kUnicode: {
       std::string out;
       DecodeRawUnicodeEscape(c_.ReadLine(), out);
@@ -283,14 +320,18 @@ void Parser::Step(uint8_t code) {
     case op::kBinUnicode:
       Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
       return;
-    case op::kShortBinUnicode: Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8()))); return;
+    case op::kShortBinUnicode:
+      Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8())));
+      return;
     case op::kBinUnicode8:
       Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
       return;
     case op::kBinBytes:
       Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
       return;
-    case op::kShortBinBytes: Push(NewText(Kind::kBytes, c_.ReadText(c_.ReadU8()))); return;
+    case op::kShortBinBytes:
+      Push(NewText(Kind::kBytes, c_.ReadText(c_.ReadU8())));
+      return;
     case op::kBinBytes8:
       Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
       return;
@@ -298,8 +339,12 @@ void Parser::Step(uint8_t code) {
       Push(NewText(Kind::kByteArray, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
       return;
 
-    case op::kEmptyTuple: Push(NewSequence(Kind::kTuple, {})); return;
-    case op::kTuple: Push(NewSequence(Kind::kTuple, PopMark())); return;
+    case op::kEmptyTuple:
+      Push(NewSequence(Kind::kTuple, {}));
+      return;
+    case op::kTuple:
+      Push(NewSequence(Kind::kTuple, PopMark()));
+      return;
     case op::kTuple1: {
       NodeId a = Pop();
       Push(NewSequence(Kind::kTuple, {a}));
@@ -315,16 +360,34 @@ void Parser::Step(uint8_t code) {
       Push(NewSequence(Kind::kTuple, {a, b, cc}));
       return;
     }
-    case op::kEmptyList: Push(NewSequence(Kind::kList, {})); return;
-    case op::kList: Push(NewSequence(Kind::kList, PopMark())); return;
-    case op::kEmptyDict: Push(NewSequence(Kind::kDict, {})); return;
-    case op::kDict: Push(NewSequence(Kind::kDict, PopMark())); return;
-    case op::kEmptySet: Push(NewSequence(Kind::kSet, {})); return;
-    case op::kFrozenSet: Push(NewSequence(Kind::kFrozenSet, PopMark())); return;
+    case op::kEmptyList:
+      Push(NewSequence(Kind::kList, {}));
+      return;
+    case op::kList:
+      Push(NewSequence(Kind::kList, PopMark()));
+      return;
+    case op::kEmptyDict:
+      Push(NewSequence(Kind::kDict, {}));
+      return;
+    case op::kDict:
+      Push(NewSequence(Kind::kDict, PopMark()));
+      return;
+    case op::kEmptySet:
+      Push(NewSequence(Kind::kSet, {}));
+      return;
+    case op::kFrozenSet:
+      Push(NewSequence(Kind::kFrozenSet, PopMark()));
+      return;
 
-    case op::kAppend: Extend("APPEND", Kind::kList, false, {Pop()}); return;
-    case op::kAppends: Extend("APPENDS", Kind::kList, false, PopMark()); return;
-    case op::kAddItems: Extend("ADDITEMS", Kind::kSet, false, PopMark()); return;
+    case op::kAppend:
+      Extend("APPEND", Kind::kList, false, {Pop()});
+      return;
+    case op::kAppends:
+      Extend("APPENDS", Kind::kList, false, PopMark());
+      return;
+    case op::kAddItems:
+      Extend("ADDITEMS", Kind::kSet, false, PopMark());
+      return;
     case op::kSetItem: {
       NodeId v = Pop(), k = Pop();
       Extend("SETITEM", Kind::kDict, true, {k, v});
@@ -409,13 +472,27 @@ void Parser::Step(uint8_t code) {
       return;
     }
 
-    case op::kPut: Put(ParseDecimal(c_.ReadLine())); return;
-    case op::kBinPut: Put(c_.ReadU8()); return;
-    case op::kLongBinPut: Put(c_.ReadLE<uint32_t>()); return;
-    case op::kMemoize: Put(memo_.size()); return;
-    case op::kGet: Get(ParseDecimal(c_.ReadLine())); return;
-    case op::kBinGet: Get(c_.ReadU8()); return;
-    case op::kLongBinGet: Get(c_.ReadLE<uint32_t>()); return;
+    case op::kPut:
+      Put(ParseDecimal(c_.ReadLine()));
+      return;
+    case op::kBinPut:
+      Put(c_.ReadU8());
+      return;
+    case op::kLongBinPut:
+      Put(c_.ReadLE<uint32_t>());
+      return;
+    case op::kMemoize:
+      Put(memo_.size());
+      return;
+    case op::kGet:
+      Get(ParseDecimal(c_.ReadLine()));
+      return;
+    case op::kBinGet:
+      Get(c_.ReadU8());
+      return;
+    case op::kLongBinGet:
+      Get(c_.ReadLE<uint32_t>());
+      return;
 
     case op::kExt1:
     case op::kExt2:
@@ -424,7 +501,8 @@ void Parser::Step(uint8_t code) {
     case op::kNextBuffer:
     case op::kReadOnlyBuffer:
       Error("out-of-band buffers (protocol 5 NEXT_BUFFER) are not supported");
-    default: Error(fmt::format("unknown opcode 0x{:02x}", code));
+    default:
+      Error(fmt::format("unknown opcode 0x{:02x}", code));
   }
 }
 

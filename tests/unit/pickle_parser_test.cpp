@@ -18,7 +18,9 @@ Graph ParseBytes(const std::string& s, const Limits& limits = {}) {
 
 TEST(PickleParser, ScalarsOfEveryProtocol) {
   // Protocol 0 text forms.
-  Graph g = ParseBytes("(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN" "t.");
+  Graph g = ParseBytes(
+      "(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN"
+      "t.");
   ASSERT_EQ(g.kind(g.root), Kind::kTuple);
   const auto& t = g.items(g.root);
   ASSERT_EQ(t.size(), 7u);
@@ -32,9 +34,34 @@ TEST(PickleParser, ScalarsOfEveryProtocol) {
   EXPECT_EQ(g.kind(t[6]), Kind::kNone);
 }
 
+// INT as CPython's unpickler reads it: strtol with base 0, and any two-character text that
+// says 0 or 1 is a bool (each checked against python3 -c "pickle.loads(b'I...\n.')").
+TEST(PickleParser, TextIntegersFollowCPython) {
+  struct Case {
+    const char* text;
+    Kind kind;
+    int64_t value;
+  };
+  for (const Case& c : {Case{"I010\n.", Kind::kInt, 8}, Case{"I0x10\n.", Kind::kInt, 16},
+                        Case{"I+1\n.", Kind::kBool, 1}, Case{"I-0\n.", Kind::kBool, 0},
+                        Case{"I00\n.", Kind::kBool, 0}, Case{"I01\n.", Kind::kBool, 1},
+                        Case{"I+5\n.", Kind::kInt, 5}, Case{"I-12\n.", Kind::kInt, -12},
+                        Case{"I1\n.", Kind::kInt, 1}, Case{"L+5L\n.", Kind::kInt, 5}}) {
+    Graph g = ParseBytes(c.text);
+    ASSERT_EQ(g.kind(g.root), c.kind) << c.text;
+    EXPECT_EQ(c.kind == Kind::kBool ? int64_t{g.at(g.root).boolean} : g.at(g.root).integer, c.value)
+        << c.text;
+  }
+  Graph big = ParseBytes("I99999999999999999999\n.");
+  ASSERT_EQ(big.kind(big.root), Kind::kBigInt);
+  EXPECT_EQ(TwosComplementToDecimal(big.text(big.root)), "99999999999999999999");
+  EXPECT_THROW(ParseBytes("I12x\n."), Error);
+}
+
 TEST(PickleParser, BigIntsStayExact) {
   // LONG1 with 10 bytes: 2**70.
-  std::string s = "\x80\x02\x8a\x0a" + std::string("\x00\x00\x00\x00\x00\x00\x00\x00\x40\x00", 10) + ".";
+  std::string s =
+      "\x80\x02\x8a\x0a" + std::string("\x00\x00\x00\x00\x00\x00\x00\x00\x40\x00", 10) + ".";
   Graph g = ParseBytes(s);
   ASSERT_EQ(g.kind(g.root), Kind::kBigInt);
   EXPECT_EQ(TwosComplementToDecimal(g.text(g.root)), "1180591620717411303424");
@@ -55,7 +82,8 @@ TEST(PickleParser, MemoSharesNodesAndCyclesAreKept) {
 }
 
 TEST(PickleParser, GlobalsAndReduceAreRecordedNeverCalled) {
-  std::string s = P().proto(2).global("os", "system").str("touch /tmp/pwned").op(0x85).op('R').stop().bytes();
+  std::string s =
+      P().proto(2).global("os", "system").str("touch /tmp/pwned").op(0x85).op('R').stop().bytes();
   Graph g = ParseBytes(s);
   ASSERT_EQ(g.kind(g.root), Kind::kObject);
   NodeId fn = g.CalledGlobal(g.root);
@@ -65,7 +93,17 @@ TEST(PickleParser, GlobalsAndReduceAreRecordedNeverCalled) {
 }
 
 TEST(PickleParser, StackGlobalProtocol4WithFramesAndMemoize) {
-  std::string body = P().op(0x8c).raw("\x08").raw("builtins").op(0x94).op(0x8c).raw("\x04").raw("eval").op(0x94).op(0x93).op(0x94).bytes();
+  std::string body = P().op(0x8c)
+                         .raw("\x08")
+                         .raw("builtins")
+                         .op(0x94)
+                         .op(0x8c)
+                         .raw("\x04")
+                         .raw("eval")
+                         .op(0x94)
+                         .op(0x93)
+                         .op(0x94)
+                         .bytes();
   std::string s = "\x80\x04\x95" + std::string(8, '\0') + body + ".";
   uint64_t frame = body.size() + 1;
   for (int i = 0; i < 8; ++i) s[3 + i] = static_cast<char>((frame >> (8 * i)) & 0xFF);
@@ -77,10 +115,26 @@ TEST(PickleParser, StackGlobalProtocol4WithFramesAndMemoize) {
 
 TEST(PickleParser, DictsSetsAndObjectsWithState) {
   // OrderedDict() with SETITEMS and a BUILD state dict, a set via ADDITEMS.
-  std::string s = P().proto(4).global("collections", "OrderedDict").op(')').op('R')
-                      .mark().str("a").bin_int(1).str("b").bin_int(2).op('u')
-                      .op('}').str("_metadata").op(0x8f).mark().bin_int(3).op(0x90).op('s').op('b')
-                      .stop().bytes();
+  std::string s = P().proto(4)
+                      .global("collections", "OrderedDict")
+                      .op(')')
+                      .op('R')
+                      .mark()
+                      .str("a")
+                      .bin_int(1)
+                      .str("b")
+                      .bin_int(2)
+                      .op('u')
+                      .op('}')
+                      .str("_metadata")
+                      .op(0x8f)
+                      .mark()
+                      .bin_int(3)
+                      .op(0x90)
+                      .op('s')
+                      .op('b')
+                      .stop()
+                      .bytes();
   Graph g = ParseBytes(s);
   ASSERT_EQ(g.kind(g.root), Kind::kObject);
   const Compound& c = g.compound(g.root);
@@ -93,28 +147,33 @@ TEST(PickleParser, DictsSetsAndObjectsWithState) {
 }
 
 TEST(PickleParser, RejectsMalformedStreams) {
-  EXPECT_THROW(ParseBytes(""), Error);                                   // empty
-  EXPECT_THROW(ParseBytes("\x80\x02"), Error);                           // no STOP
-  EXPECT_THROW(ParseBytes("\x80\x02."), Error);                          // STOP on empty stack
-  EXPECT_THROW(ParseBytes("\x80\x02h\x05."), Error);                     // undefined memo key
-  EXPECT_THROW(ParseBytes("\x80\x02\xff."), Error);                      // unknown opcode
-  EXPECT_THROW(ParseBytes("\x80\x09N."), Error);                         // protocol 9
-  EXPECT_THROW(ParseBytes("\x80\x02Na."), Error);                        // APPEND to None
-  EXPECT_THROW(ParseBytes("\x80\x02(Nt0u."), Error);                     // SETITEMS, no mark
-  EXPECT_THROW(ParseBytes("\x80\x02\x82\x01."), Error);                  // EXT1
-  EXPECT_THROW(ParseBytes("\x80\x05\x97."), Error);                      // NEXT_BUFFER
-  EXPECT_THROW(ParseBytes("\x80\x02" "cos\nsys"), Error);                // truncated GLOBAL
+  EXPECT_THROW(ParseBytes(""), Error);                   // empty
+  EXPECT_THROW(ParseBytes("\x80\x02"), Error);           // no STOP
+  EXPECT_THROW(ParseBytes("\x80\x02."), Error);          // STOP on empty stack
+  EXPECT_THROW(ParseBytes("\x80\x02h\x05."), Error);     // undefined memo key
+  EXPECT_THROW(ParseBytes("\x80\x02\xff."), Error);      // unknown opcode
+  EXPECT_THROW(ParseBytes("\x80\x09N."), Error);         // protocol 9
+  EXPECT_THROW(ParseBytes("\x80\x02Na."), Error);        // APPEND to None
+  EXPECT_THROW(ParseBytes("\x80\x02(Nt0u."), Error);     // SETITEMS, no mark
+  EXPECT_THROW(ParseBytes("\x80\x02\x82\x01."), Error);  // EXT1
+  EXPECT_THROW(ParseBytes("\x80\x05\x97."), Error);      // NEXT_BUFFER
+  EXPECT_THROW(ParseBytes("\x80\x02"
+                          "cos\nsys"),
+               Error);  // truncated GLOBAL
 }
 
 TEST(PickleParser, LyingLengthsAreCheckedBeforeUse) {
   // BINUNICODE8 / BINBYTES8 / LONG4 claiming huge sizes must fail without allocating.
-  std::string huge = std::string("\x80\x04\x8d") + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "abc.";
+  std::string huge =
+      std::string("\x80\x04\x8d") + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "abc.";
   EXPECT_THROW(ParseBytes(huge), Error);
-  std::string bytes8 = std::string("\x80\x04\x8e") + std::string("\x00\x00\x00\x00\x01\x00\x00\x00", 8) + ".";
+  std::string bytes8 =
+      std::string("\x80\x04\x8e") + std::string("\x00\x00\x00\x00\x01\x00\x00\x00", 8) + ".";
   EXPECT_THROW(ParseBytes(bytes8), Error);
   std::string long4 = std::string("\x80\x02\x8b\xff\xff\xff\x7f") + "..";
   EXPECT_THROW(ParseBytes(long4), Error);
-  std::string frame = std::string("\x80\x04\x95") + std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8) + "N.";
+  std::string frame =
+      std::string("\x80\x04\x95") + std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8) + "N.";
   EXPECT_THROW(ParseBytes(frame), Error);
 }
 
@@ -179,8 +238,8 @@ TEST(PickleParser, ErrorsNameTheOffset) {
 
 TEST(TextCodec, DecimalRoundTrips) {
   for (std::string v : {"0", "1", "-1", "127", "128", "-128", "-129", "255", "256",
-                        "9223372036854775807", "-9223372036854775808",
-                        "1180591620717411303424", "-340282366920938463463374607431768211457"}) {
+                        "9223372036854775807", "-9223372036854775808", "1180591620717411303424",
+                        "-340282366920938463463374607431768211457"}) {
     std::string le;
     ASSERT_TRUE(DecimalToTwosComplement(v, le)) << v;
     EXPECT_EQ(TwosComplementToDecimal(le), v);

@@ -24,11 +24,14 @@ constexpr uint64_t kCentralMinSize = 46;
 constexpr uint64_t kLocalMinSize = 30;
 constexpr uint16_t kZip64ExtraId = 0x0001;
 constexpr uint16_t kFlagEncrypted = 0x0001;
+// Also refused by miniz (torch's zip reader): patched data, strong encryption, masked headers.
+constexpr uint16_t kFlagsUnsupported = 0x0020 | 0x0040 | 0x2000;
+constexpr uint32_t kDosDirectoryAttribute = 0x10;
 constexpr uint16_t kFlagDescriptor = 0x0008;
 
 struct EndRecord {
-  uint64_t offset = 0;       // where the end records start (zip64 end record if present)
-  uint64_t size = 0;         // bytes up to the end of the file
+  uint64_t offset = 0;  // where the end records start (zip64 end record if present)
+  uint64_t size = 0;    // bytes up to the end of the file
   uint64_t entry_count = 0;
   uint64_t cd_offset = 0;
   uint64_t cd_size = 0;
@@ -65,17 +68,16 @@ EndRecord ReadEndRecords(Bytes file) {
   end.cd_size = cd_size;
   end.cd_offset = cd_offset;
 
-  bool has_locator = eocd >= kLocatorSize &&
-                     LoadLE<uint32_t>(file.data() + eocd - kLocatorSize) == kLocator64Sig;
+  bool has_locator =
+      eocd >= kLocatorSize && LoadLE<uint32_t>(file.data() + eocd - kLocatorSize) == kLocator64Sig;
   if (has_locator) {
     ByteCursor loc(Slice(file, eocd - kLocatorSize, kLocatorSize), eocd - kLocatorSize);
     loc.Skip(4);
     uint32_t end64_disk = loc.ReadLE<uint32_t>();
     uint64_t end64_offset = loc.ReadLE<uint64_t>();
     uint32_t disks = loc.ReadLE<uint32_t>();
-    if (end64_disk != 0 || disks > 1) Fail("multi-disk zip archives are not supported");
-    if (end64_offset > eocd - kLocatorSize ||
-        eocd - kLocatorSize - end64_offset < kEnd64MinSize) {
+    if (end64_disk != 0 || disks != 1) Fail("multi-disk zip archives are not supported");
+    if (end64_offset > eocd - kLocatorSize || eocd - kLocatorSize - end64_offset < kEnd64MinSize) {
       Fail("zip64 end record offset {} is out of bounds", end64_offset);
     }
     ByteCursor z(Slice(file, end64_offset, eocd - kLocatorSize - end64_offset), end64_offset);
@@ -145,7 +147,9 @@ Entry ReadCentralEntry(ByteCursor& c) {
   uint16_t name_len = c.ReadLE<uint16_t>();
   uint16_t extra_len = c.ReadLE<uint16_t>();
   uint16_t comment_len = c.ReadLE<uint16_t>();
-  c.Skip(2 + 2 + 4);  // disk, internal attributes, external attributes
+  uint16_t disk = c.ReadLE<uint16_t>();
+  c.Skip(2);  // internal attributes
+  uint32_t external = c.ReadLE<uint32_t>();
   uint32_t offset = c.ReadLE<uint32_t>();
   e.name = std::string(c.ReadText(name_len));
   Bytes extra = c.Read(extra_len);
@@ -157,6 +161,13 @@ Entry ReadCentralEntry(ByteCursor& c) {
   WithContext(fmt::format("record '{}'", e.name), [&] {
     ApplyZip64Extra(extra, e, size == 0xFFFFFFFF, csize == 0xFFFFFFFF, offset == 0xFFFFFFFF);
     if (e.flags & kFlagEncrypted) Fail("encrypted records are not supported");
+    if (e.flags & kFlagsUnsupported) Fail("unsupported record flags 0x{:04x}", e.flags);
+    if (disk != 0) Fail("starts on disk {}: multi-disk zip archives are not supported", disk);
+    // miniz takes such a record for a folder and reads no data from it: torch.load would
+    // return whatever memory held.
+    if ((external & kDosDirectoryAttribute) || e.name.ends_with('/')) {
+      Fail("record is marked as a folder; torch would read no data from it");
+    }
     if (method != 0 && method != 8) Fail("unsupported compression method {}", method);
     e.method = static_cast<Method>(method);
     if (e.method == Method::kStored && e.compressed_size != e.size) {
@@ -192,8 +203,8 @@ void ReadLocalHeader(Bytes file, uint64_t limit, Entry& e) {
     uint64_t end = e.data_end();
     if ((e.flags & kFlagDescriptor) && limit - end >= 16 &&
         LoadLE<uint32_t>(file.data() + end) == kDescriptorSig) {
-      bool zip64 = e.size >= 0xFFFFFFFF || e.compressed_size >= 0xFFFFFFFF ||
-                   e.header_offset >= 0xFFFFFFFF;
+      bool zip64 =
+          e.size >= 0xFFFFFFFF || e.compressed_size >= 0xFFFFFFFF || e.header_offset >= 0xFFFFFFFF;
       e.descriptor_size = zip64 && limit - end >= 24 ? 24 : 16;
     }
   });
@@ -286,8 +297,7 @@ void StreamRecord(Bytes file, const Entry& entry, const std::function<void(Bytes
     }
   }
   if (produced != entry.size) {
-    Fail("record '{}': inflates to {} bytes, directory says {}", entry.name, produced,
-         entry.size);
+    Fail("record '{}': inflates to {} bytes, directory says {}", entry.name, produced, entry.size);
   }
 }
 

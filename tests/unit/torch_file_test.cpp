@@ -381,16 +381,16 @@ std::set<uint64_t> ZipMayPass(const std::string& f) {
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(f.data());
   uint64_t end = a.directory_offset() + a.directory_size();
   for (uint64_t c = a.directory_offset(); c < end;) {
-    AddRange(s, c + 4, 4);   // version made by, version needed
-    AddRange(s, c + 8, 2);   // flags; kFlip leaves bit 0 (encrypted: refused) alone.
-                             // KNOWN MISS: it sets bit 6 (strong encryption), which torch
-                             // refuses ("unsupported encryption").
+    AddRange(s, c + 4, 4);  // version made by, version needed
+    // Flags: kFlip sets bit 6 (strong encryption) in the low byte, which torch and ckptool
+    // refuse; in the high byte it touches only bits neither reads (UTF-8 names among them).
+    AddRange(s, c + 9, 1);
     AddRange(s, c + 12, 4);  // modification time and date
-    AddRange(s, c + 34, 2);  // KNOWN MISS: disk number start; torch: "unsupported multidisk"
-    AddRange(s, c + 36, 6);  // internal and external attributes.
-                             // KNOWN MISS: kFlip sets the MS-DOS directory bit (0x10 of byte
-                             // 38); torch's miniz then extracts nothing into the record's
-                             // buffer and loads whatever memory held (or fails to unpickle).
+    // Disk number start (c + 34): refused as multi-disk, by torch and ckptool.
+    // Internal attributes, and the external ones but their low byte: kFlip sets the MS-DOS
+    // folder bit (0x10 of byte 38), which makes torch read no data (refused by ckptool).
+    AddRange(s, c + 36, 2);
+    AddRange(s, c + 39, 3);
     c += 46 + LoadLE<uint16_t>(bytes + c + 28) + LoadLE<uint16_t>(bytes + c + 30) +
          LoadLE<uint16_t>(bytes + c + 32);
   }

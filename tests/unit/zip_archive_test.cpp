@@ -47,6 +47,27 @@ TEST(ZipArchive, RecordLimitIsEnforcedBeforeAllocating) {
   EXPECT_THROW(ReadRecord(B(z), *Archive::Parse(B(z)).Find("a/data.pkl"), 999), Error);
 }
 
+// What torch's miniz refuses, or reads as an empty folder, is refused with the reason.
+TEST(ZipArchive, RejectsWhatTorchCannotRead) {
+  const std::string z = BuildZip({{"a/data.pkl", "abc"}, {"a/version", "3\n"}});
+  Archive a = Archive::Parse(B(z));
+  uint64_t central = a.directory_offset();  // the first record's central directory entry
+  auto patched = [&](uint64_t at, uint8_t value) {
+    std::string copy = z;
+    copy[at] = static_cast<char>(copy[at] | value);
+    return copy;
+  };
+  EXPECT_NE(ErrorOf(patched(central + 8, 0x40)).find("unsupported record flags 0x0848"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(patched(central + 34, 0x01)).find("starts on disk 1"), std::string::npos);
+  EXPECT_NE(ErrorOf(patched(central + 38, 0x10)).find("'a/data.pkl': record is marked as a folder"),
+            std::string::npos);
+  // The zip64 locator's disk count must be 1.
+  std::string zero_disks = z;
+  zero_disks[z.size() - 22 - 20 + 16] = 0;
+  EXPECT_NE(ErrorOf(zero_disks).find("multi-disk"), std::string::npos);
+}
+
 TEST(ZipArchive, RejectsBadSignaturesAndCounts) {
   std::string z = BuildZip({{"a/data.pkl", "hello"}});
   EXPECT_NE(ErrorOf("PK\x03\x04 not really a zip"), "");

@@ -10,6 +10,11 @@ namespace ckpt {
 
 bool MatchesAnyGlob(const std::vector<std::string>& globs, const std::string& name);
 
+// Could `glob` match some key path strictly below `path` (path + "." + more)? The shell
+// glob syntax of fnmatch: '*', '?', bracket sets with '!' or '^', ranges and backslash
+// escapes ("[[:alpha:]]" classes are read as plain sets of characters).
+bool GlobCanMatchBelow(std::string_view glob, std::string_view path);
+
 // Is `name` strictly below the dotted path `path` ("a.b.c" below "a.b"; "a.bc" and "a.b"
 // itself are not)?
 bool IsBelowKeyPath(std::string_view name, std::string_view path);

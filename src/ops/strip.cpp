@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/error.h"
 #include "base/names.h"
@@ -51,15 +53,6 @@ std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
 
 namespace {
 
-// A --keep glob protects a path when it matches it or names something below it.
-bool Protected(const std::vector<std::string>& keep, const std::string& path) {
-  if (MatchesAnyGlob(keep, path)) return true;
-  for (const std::string& k : keep) {
-    if (IsBelowKeyPath(k, path)) return true;
-  }
-  return false;
-}
-
 bool IsTensorCall(const pickle::Graph& g, NodeId n) {
   NodeId fn = g.CalledGlobal(n);
   if (fn == pickle::kNil) return false;
@@ -67,8 +60,10 @@ bool IsTensorCall(const pickle::Graph& g, NodeId n) {
   return m == "torch._utils" || m == "torch._tensor";
 }
 
-// Removes matching dict entries (and object attributes) from the graph, depth first, by
-// every path (a shared dict is matched under each of its paths), within a PathBudget.
+// Removes matching dict entries (and object attributes) from the graph. A dict reachable by
+// several paths is one dict (torch.load returns one object), so an entry goes only when some
+// path wants it dropped and no path protects it: the graph is first walked by every path
+// (within a PathBudget) to judge each entry, then the entries judged dropped are removed.
 class Dropper {
  public:
   Dropper(pickle::Graph& g, const StripOptions& o)
@@ -77,16 +72,36 @@ class Dropper {
   std::vector<std::string> Run() {
     std::string path;
     Visit(g_.root, path, 0);
-    return dropped_;
+    std::vector<std::string> dropped;
+    for (const auto& [entry, path_index] : wanted_order_) {
+      if (protected_.count(entry)) continue;
+      dropped.push_back(wanted_paths_[path_index]);
+      dropped_entries_[entry >> 32].push_back(static_cast<uint32_t>(entry));
+    }
+    for (auto& [node, pair_indexes] : dropped_entries_) {
+      std::sort(pair_indexes.begin(), pair_indexes.end());
+      auto& pairs = g_.mutable_compound(static_cast<NodeId>(node)).pairs;
+      std::vector<NodeId> kept;
+      size_t next = 0;
+      for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+        if (next < pair_indexes.size() && pair_indexes[next] == i) {
+          ++next;
+          continue;
+        }
+        kept.push_back(pairs[i]);
+        kept.push_back(pairs[i + 1]);
+      }
+      pairs = std::move(kept);
+    }
+    return dropped;
   }
 
  private:
-  bool ShouldDrop(const std::string& path, uint32_t depth) const {
-    bool wanted = o_.drop.empty()
-                      ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
-                                                path) != DefaultDropKeys().end()
-                      : MatchesAnyGlob(o_.drop, path);
-    return wanted && !Protected(o_.keep, path);
+  bool WantsDrop(const std::string& path, uint32_t depth) const {
+    return o_.drop.empty()
+               ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
+                                         path) != DefaultDropKeys().end()
+               : MatchesAnyGlob(o_.drop, path);
   }
 
   void Visit(NodeId n, std::string& path, uint32_t depth) {
@@ -111,36 +126,44 @@ class Dropper {
       if (!path.empty()) path.push_back('.');
       path += part;
     };
-    auto& pairs = g_.mutable_compound(n).pairs;
-    std::vector<NodeId> kept;
-    for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-      join(g_.KeyText(pairs[i]));
-      if (ShouldDrop(path, depth)) {
-        dropped_.push_back(path);
-        continue;
-      }
-      kept.push_back(pairs[i]);
-      kept.push_back(pairs[i + 1]);
-    }
-    pairs = kept;
     // The default drops are top-level keys: nothing below them needs walking.
     bool descend = !o_.drop.empty();
-    for (size_t i = 0; descend && i + 1 < kept.size(); i += 2) {
-      join(g_.KeyText(kept[i]));
-      Visit(kept[i + 1], path, depth + 1);
+    const std::vector<NodeId> pairs = g_.compound(n).pairs;
+    std::vector<bool> dropped_here(pairs.size() / 2, false);
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+      join(g_.KeyText(pairs[i]));
+      uint64_t entry = (uint64_t{n} << 32) | i;
+      bool keep = MatchesAnyGlob(o_.keep, path);
+      bool drop = !keep && WantsDrop(path, depth);
+      if (drop && KeepsSomethingBelow(pairs[i + 1], path, depth + 1)) {
+        drop = false;  // it stays; what below it is not kept goes
+        keep = true;
+      }
+      if (keep) protected_.insert(entry);
+      if (drop && wanted_seen_.insert(entry).second) {
+        wanted_order_.emplace_back(entry, wanted_paths_.size());
+        wanted_paths_.push_back(path);
+      }
+      dropped_here[i / 2] = drop;
     }
-    const auto items = g_.compound(n).items;
+    // Below an entry this path drops, nothing more is reached through this path.
+    for (size_t i = 0; descend && i + 1 < pairs.size(); i += 2) {
+      if (dropped_here[i / 2]) continue;
+      join(g_.KeyText(pairs[i]));
+      Visit(pairs[i + 1], path, depth + 1);
+    }
+    const std::vector<NodeId> items = g_.compound(n).items;
     for (size_t i = 0; descend && i < items.size(); ++i) {
       join(std::to_string(i));
       Visit(items[i], path, depth + 1);
     }
     path.resize(base);
     if (g_.kind(n) == Kind::kObject) {
-      for (NodeId s : std::vector<NodeId>(g_.compound(n).states)) {
-        if (g_.kind(s) == Kind::kTuple) {
-          for (NodeId part : std::vector<NodeId>(g_.items(s))) Visit(part, path, depth);
+      for (NodeId st : std::vector<NodeId>(g_.compound(n).states)) {
+        if (g_.kind(st) == Kind::kTuple) {
+          for (NodeId part : std::vector<NodeId>(g_.items(st))) Visit(part, path, depth);
         } else {
-          Visit(s, path, depth);
+          Visit(st, path, depth);
         }
       }
     }
@@ -148,12 +171,64 @@ class Dropper {
     on_path_[n] = false;
   }
 
+  // Does some key path below `path` (through `n`) match a --keep glob? Walks only where a
+  // keep glob can still match.
+  bool KeepsSomethingBelow(NodeId n, std::string& path, uint32_t depth) {
+    if (o_.keep.empty() || n == pickle::kNil || !g_.has_compound(n) || on_path_[n] ||
+        IsTensorCall(g_, n)) {
+      return false;
+    }
+    bool reachable = false;
+    for (const std::string& k : o_.keep) reachable = reachable || GlobCanMatchBelow(k, path);
+    if (!reachable) return false;
+    if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
+    bool outer = budget_.Enter(seen_[n]);
+    on_path_[n] = true;
+    size_t base = path.size();
+    bool found = false;
+    auto below = [&](const std::string& part, NodeId child) {
+      budget_.Step();
+      budget_.PathBytes(part.size());
+      path.resize(base);
+      if (!path.empty()) path.push_back('.');
+      path += part;
+      found = MatchesAnyGlob(o_.keep, path) || KeepsSomethingBelow(child, path, depth + 1);
+    };
+    const std::vector<NodeId> pairs = g_.compound(n).pairs;
+    for (size_t i = 0; !found && i + 1 < pairs.size(); i += 2)
+      below(g_.KeyText(pairs[i]), pairs[i + 1]);
+    const std::vector<NodeId> items = g_.compound(n).items;
+    for (size_t i = 0; !found && i < items.size(); ++i) below(std::to_string(i), items[i]);
+    path.resize(base);
+    if (g_.kind(n) == Kind::kObject) {
+      for (NodeId st : std::vector<NodeId>(g_.compound(n).states)) {
+        if (found) break;
+        if (g_.kind(st) == Kind::kTuple) {
+          for (NodeId part : std::vector<NodeId>(g_.items(st))) {
+            found = found || KeepsSomethingBelow(part, path, depth);
+          }
+        } else {
+          found = KeepsSomethingBelow(st, path, depth);
+        }
+      }
+    }
+    path.resize(base);
+    on_path_[n] = false;
+    budget_.Leave(outer);
+    return found;
+  }
+
   pickle::Graph& g_;
   const StripOptions& o_;
   std::vector<bool> on_path_;
   std::vector<bool> seen_;  // walked by some path already
   pickle::PathBudget budget_;
-  std::vector<std::string> dropped_;
+  // Entries are (node << 32 | pair index).
+  std::unordered_set<uint64_t> protected_;
+  std::unordered_set<uint64_t> wanted_seen_;
+  std::vector<std::pair<uint64_t, size_t>> wanted_order_;  // entry, first path wanting it
+  std::vector<std::string> wanted_paths_;
+  std::map<uint64_t, std::vector<uint32_t>> dropped_entries_;  // node -> pair indexes
 };
 
 // Rebuilds the tensor table of a mutated graph, keeping where each storage's bytes are.
@@ -177,10 +252,6 @@ void RebuildTensorTable(torch::TorchFile& tf) {
   }
 }
 
-bool Under(const std::string& name, const std::string& path) {
-  return name == path || IsBelowKeyPath(name, path);
-}
-
 }  // namespace
 
 StripResult StripFile(const std::string& path, const StripOptions& o) {
@@ -193,11 +264,13 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   CheckRewritable(f, o.allow_unsafe_globals);
   torch::TorchFile& tf = *f.torch;
   // Storage bytes and the names that reach them, before.
-  std::map<std::string, std::pair<uint64_t, std::string>> before;
+  // Storage bytes and every name that reaches them, before.
+  std::map<std::string, std::pair<uint64_t, std::vector<std::string>>> before;
   for (const torch::Tensor& t : tf.model.tensors) {
-    if (t.storage >= 0 && !before.count(tf.model.storages[t.storage].key)) {
-      before[tf.model.storages[t.storage].key] = {tf.model.storages[t.storage].nbytes, t.names[0]};
-    }
+    if (t.storage < 0) continue;
+    auto& [bytes, names] = before[tf.model.storages[t.storage].key];
+    bytes = tf.model.storages[t.storage].nbytes;
+    names.insert(names.end(), t.names.begin(), t.names.end());
   }
   std::vector<std::string> dropped =
       WithContext(path, [&] { return Dropper(tf.model.graph, o).Run(); });
@@ -209,14 +282,23 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   RebuildTensorTable(tf);
   std::set<std::string> after;
   for (const torch::Storage& s : tf.model.storages) after.insert(s.key);
+  // A storage that went is credited to a dropped entry one of its names lies under (found by
+  // looking the name's dotted prefixes up: linear in names, however many entries went).
+  std::unordered_map<std::string_view, size_t> dropped_at;
+  for (size_t i = 0; i < r.dropped.size(); ++i) dropped_at.emplace(r.dropped[i].path, i);
   for (const auto& [key, info] : before) {
     if (after.count(key)) continue;
-    for (DroppedEntry& d : r.dropped) {
-      if (Under(info.second, d.path)) {
-        d.bytes += info.first;
-        break;
+    size_t credited = SIZE_MAX;
+    for (const std::string& name : info.second) {
+      for (std::string_view prefix = name; credited == SIZE_MAX && !prefix.empty();) {
+        auto it = dropped_at.find(prefix);
+        if (it != dropped_at.end()) credited = std::min(credited, it->second);
+        size_t dot = prefix.rfind('.');
+        if (dot == std::string_view::npos) break;
+        prefix = prefix.substr(0, dot);
       }
     }
+    if (credited != SIZE_MAX) r.dropped[credited].bytes += info.first;
   }
   ShrinkPlan plan = PlanShrink(tf);
   TorchRewrite rewrite(f, std::move(plan.rewrite));

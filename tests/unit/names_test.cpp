@@ -24,3 +24,27 @@ TEST(Names, KeyPathsNestByDots) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+TEST(Names, GlobsThatCanMatchBelowAPath) {
+  EXPECT_TRUE(GlobCanMatchBelow("model.*.w", "model.enc"));
+  EXPECT_TRUE(GlobCanMatchBelow("model.*", "model"));
+  EXPECT_TRUE(GlobCanMatchBelow("*.w", "anything.at.all"));
+  EXPECT_TRUE(GlobCanMatchBelow("model.enc.w", "model.enc"));
+  EXPECT_TRUE(GlobCanMatchBelow("model.e?c.[vw]", "model.enc"));
+  EXPECT_FALSE(GlobCanMatchBelow("model.enc", "model.enc"));  // the path itself, not below
+  EXPECT_FALSE(GlobCanMatchBelow("model.dec.*", "model.enc"));
+  EXPECT_FALSE(GlobCanMatchBelow("optimizer*", "model"));
+  EXPECT_FALSE(GlobCanMatchBelow("model.[!e]*", "model.enc"));
+  EXPECT_TRUE(GlobCanMatchBelow("model.[!d]*.w", "model.enc"));
+  EXPECT_FALSE(GlobCanMatchBelow("model.\\*", "model.x"));
+  EXPECT_TRUE(GlobCanMatchBelow("model.\\*.w", "model.*"));
+  // An unclosed '[' is a literal character.
+  EXPECT_FALSE(GlobCanMatchBelow("a[", "a"));
+  EXPECT_TRUE(GlobCanMatchBelow("a.[", "a"));
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -236,12 +236,10 @@ TEST_F(StripTest, KeepGlobsOverrideDropGlobs) {
   EXPECT_FALSE(r.rewritten);
 }
 
-// A keep glob with a wildcard before the end of a dropped container's path must protect
-// what it matches below that container, as a literal one does.
-// DISABLED: fails today. Protected() (strip.cpp) only recognises keep globs that *literally*
-// start with "<path>.", so --drop 'model.*' --keep 'model.*.w' drops "model.enc" whole,
-// model.enc.w included.
-TEST_F(StripTest, DISABLED_WildcardKeepGlobsProtectWhatTheyMatchBelowADroppedContainer) {
+// A keep glob with a wildcard before the end of a dropped container's path protects what it
+// matches below that container, as a literal one does (--drop 'model.*' --keep 'model.*.w'
+// once dropped "model.enc" whole, model.enc.w included).
+TEST_F(StripTest, WildcardKeepGlobsProtectWhatTheyMatchBelowADroppedContainer) {
   std::string in = Checkpoint(TrainingPickle(), kTrainingStorages);
   CheckpointFile out;
   StripResult r = Strip(in, {"model.*"}, {"model.*.w"}, &out);
@@ -287,28 +285,24 @@ TEST_F(StripTest, EntryOfASharedDictGoesUnderEveryPath) {
   EXPECT_EQ(Child(g, g.root, "model"), Child(g, g.root, "ema"));  // still one dict
 }
 
-// The storage bytes that went with a dropped entry are reported with it.
-// DISABLED: fails today (reports 0). StripFile attributes a storage that disappeared to the
-// dropped path that is a prefix of the *first* name of a tensor over it (names[0], here
-// "model.m"), so a tensor dropped through another of its names ("ema.m") counts for nothing.
-TEST_F(StripTest, DISABLED_BytesOfAnEntryDroppedThroughASharedDictAreReported) {
+// The storage bytes that went with a dropped entry are reported with it, through any of the
+// tensor's names (here "ema.m"; its first name is "model.m").
+TEST_F(StripTest, BytesOfAnEntryDroppedThroughASharedDictAreReported) {
   std::string in = Checkpoint(SharedPickle(), {"s0", "s1", "s2"});
   CheckpointFile out;
   StripResult r = Strip(in, {"ema.m"}, {}, &out);
   EXPECT_EQ(Dropped(r), (Entries{{"ema.m", StorageBytes("s1")}}));
 }
 
-// A path that is kept must not lose an entry because the same dict is also reachable by a
-// dropped path: strip must keep it, or refuse.
-// DISABLED: fails today. The Dropper removes "m" from the shared dict when it walks it as
-// "ema" (after walking it as "model", where --keep protected it), so model.m is gone.
-TEST_F(StripTest, DISABLED_KeptPathKeepsASharedEntryThatAnotherPathDrops) {
+// A path that is kept does not lose an entry because the same dict is also reachable by a
+// dropped path: the entry is one object, and --keep wins (it was once removed when the dict
+// was walked as "ema" after "model").
+TEST_F(StripTest, KeptPathKeepsASharedEntryThatAnotherPathDrops) {
   std::string in = Checkpoint(SharedPickle(), {"s0", "s1", "s2"});
   CheckpointFile out;
-  std::string err = test::ErrorOf([&] { Strip(in, {"ema.m"}, {"model.*"}, &out); });
-  if (err.empty()) {
-    EXPECT_TRUE(TensorNames(out).count("model.m")) << "--keep model.* lost model.m";
-  }
+  StripResult r = Strip(in, {"ema.m", "optimizer"}, {"model.*"}, &out);
+  EXPECT_EQ(Dropped(r), (Entries{{"optimizer", StorageBytes("s2")}}));
+  EXPECT_EQ(TensorNames(out), (std::set<std::string>{"model.w", "model.m", "ema.w", "ema.m"}));
 }
 
 TEST_F(StripTest, CyclesAreWalkedOnceAndSurvive) {

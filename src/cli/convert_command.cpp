@@ -53,13 +53,14 @@ int RunConvert(ConvertCliOptions o) {
   }
   std::set<std::string> dirs;
   for (const auto* jobs : {&tree.checkpoints, &tree.copies, &tree.indexes}) {
-    for (const Job& j : *jobs) dirs.insert(std::filesystem::path(j.output).parent_path().string());
+    for (const PathPair& j : *jobs)
+      dirs.insert(std::filesystem::path(j.output).parent_path().string());
   }
   for (const std::string& d : dirs) {
     if (!d.empty()) std::filesystem::create_directories(d);
   }
   std::vector<std::string> inputs;
-  for (const Job& j : tree.checkpoints) inputs.push_back(j.input);
+  for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
   Batch batch(inputs, o.threads, "convert", !o.json && StderrIsTerminal());
   co.threads = batch.threads_per_file();
   co.bytes_done = batch.bytes_done();
@@ -97,7 +98,7 @@ int RunConvert(ConvertCliOptions o) {
           r.path, r.output, MiB(r.before), MiB(r.after), r.converted, r.kept_float32);
     }
   }
-  for (const Job& j : tree.copies) {
+  for (const PathPair& j : tree.copies) {
     try {
       CopyFile(j);
     } catch (const Error& e) {
@@ -105,7 +106,7 @@ int RunConvert(ConvertCliOptions o) {
       rc = 1;
     }
   }
-  for (const Job& j : tree.indexes) {
+  for (const PathPair& j : tree.indexes) {
     try {
       uint64_t t = RewriteIndex(j, storage_bytes);
       if (!o.json) std::cout << fmt::format("{} -> {}: total_size {}\n", j.input, j.output, t);

@@ -11,13 +11,13 @@ namespace ckpt::cli {
 
 namespace {
 
-struct InspectOptions {
+struct InspectCliOptions {
   std::vector<std::string> paths;
   bool json = false;
   size_t top = 20;
 };
 
-int RunInspect(const InspectOptions& o) {
+int RunInspect(const InspectCliOptions& o) {
   int rc = 0;
   std::vector<std::string> files = ExpandInputs(o.paths);
   if (files.empty()) {
@@ -50,9 +50,10 @@ int RunInspect(const InspectOptions& o) {
 }  // namespace
 
 Runner AddInspect(CLI::App& app) {
-  auto o = std::make_shared<InspectOptions>();
-  app.add_option("paths", o->paths, "Checkpoint files or folders (folders: every checkpoint "
-                                    "file inside, recognised by content)")
+  auto o = std::make_shared<InspectCliOptions>();
+  app.add_option("paths", o->paths,
+                 "Checkpoint files or folders (folders: every checkpoint "
+                 "file inside, recognised by content)")
       ->required();
   app.add_flag("--json", o->json, "Print one JSON document");
   app.add_option("-n,--top", o->top, "Rows in the largest-tensor and rollup tables")

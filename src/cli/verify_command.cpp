@@ -14,13 +14,13 @@ namespace ckpt::cli {
 
 namespace {
 
-struct VerifyOptions {
+struct VerifyCliOptions {
   std::vector<std::string> paths;
   unsigned threads = DefaultThreads();
   bool quiet = false;
 };
 
-int RunVerify(const VerifyOptions& o) {
+int RunVerify(const VerifyCliOptions& o) {
   std::vector<std::string> files = ExpandInputs(o.paths);
   if (files.empty()) {
     PrintError("no checkpoint files found in the given paths");
@@ -65,7 +65,7 @@ int RunVerify(const VerifyOptions& o) {
 }  // namespace
 
 Runner AddVerify(CLI::App& app) {
-  auto o = std::make_shared<VerifyOptions>();
+  auto o = std::make_shared<VerifyCliOptions>();
   app.add_option("paths", o->paths, "Checkpoint files or folders")->required();
   app.add_option("-j,--threads", o->threads, "Threads for CRC checking")->capture_default_str();
   app.add_flag("-q,--quiet", o->quiet, "Print only problems");

@@ -104,7 +104,8 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
 
 // ---- safetensors ----
 
-struct StPlan {
+// One safetensors tensor: what it is in the input and what it becomes.
+struct TensorConversion {
   const safetensors::TensorEntry* in;
   safetensors::OutTensor out;
   bool convert = false;
@@ -115,9 +116,9 @@ struct StPlan {
 ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
                                  const ConvertOptions& o, ConvertResult r) {
   const safetensors::File& st = *f.st;
-  std::vector<StPlan> plan;
+  std::vector<TensorConversion> plan;
   for (const safetensors::TensorEntry& e : st.tensors) {
-    StPlan p;
+    TensorConversion p;
     p.in = &e;
     p.out = {e.name, e.dtype, e.shape, e.end - e.begin};
     if (e.dtype == "F32") {
@@ -133,22 +134,23 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
     plan.push_back(std::move(p));
   }
   // Wider elements first keeps every tensor aligned to its element size.
-  std::stable_sort(plan.begin(), plan.end(), [](const StPlan& a, const StPlan& b) {
-    return safetensors::DTypeBits(a.out.dtype) > safetensors::DTypeBits(b.out.dtype);
-  });
+  std::stable_sort(
+      plan.begin(), plan.end(), [](const TensorConversion& a, const TensorConversion& b) {
+        return safetensors::DTypeBits(a.out.dtype) > safetensors::DTypeBits(b.out.dtype);
+      });
   std::vector<safetensors::OutTensor> outs;
-  for (const StPlan& p : plan) outs.push_back(p.out);
+  for (const TensorConversion& p : plan) outs.push_back(p.out);
   safetensors::Layout layout = safetensors::LayOut(outs, st.metadata);
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
   out.RequireUnchanged(f.map);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
-  for (const StPlan& p : plan) sizes.push_back(p.out.size);
+  for (const TensorConversion& p : plan) sizes.push_back(p.out.size);
   std::mutex mutex;
   std::vector<uint32_t> crcs =
       ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-        StPlan& p = plan[i];
+        TensorConversion& p = plan[i];
         uint64_t scale = p.convert ? 2 : 1;
         MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
         Bytes src = window.bytes();
@@ -183,7 +185,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
   });
   out.Commit();
   r.after = layout.total_size;
-  for (const StPlan& p : plan) {
+  for (const TensorConversion& p : plan) {
     r.storage_bytes += p.out.size;
     if (p.overflow) {
       r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",

@@ -50,7 +50,7 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
     }
     std::sort(entries.begin(), entries.end());
     for (const fs::path& p : entries) {
-      Job job{p.string(), (out / p.filename()).string()};
+      PathPair job{p.string(), (out / p.filename()).string()};
       if (IsIndex(p)) {
         t.indexes.push_back(job);
         continue;
@@ -66,11 +66,11 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
   return t;
 }
 
-void CopyFile(const Job& job) {
+void CopyFile(const PathPair& job) {
   CopyFileAtomically(MappedFile::Open(job.input), job.output);
 }
 
-uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& storage_bytes) {
+uint64_t RewriteIndex(const PathPair& job, const std::map<std::string, uint64_t>& storage_bytes) {
   MappedFile in = MappedFile::Open(job.input);
   nlohmann::ordered_json j;
   try {

@@ -13,25 +13,26 @@
 
 namespace ckpt {
 
-struct Job {
+// An input file and where its result goes.
+struct PathPair {
   std::string input;
   std::string output;
 };
 
 struct ConvertTree {
-  std::vector<Job> checkpoints;
-  std::vector<Job> copies;
-  std::vector<Job> indexes;
+  std::vector<PathPair> checkpoints;
+  std::vector<PathPair> copies;
+  std::vector<PathPair> indexes;
 };
 
 ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::string& output_dir,
                             const std::string& output_file, const std::string& dtype_name);
 
 // Copies `job.input` to `job.output` atomically.
-void CopyFile(const Job& job);
+void CopyFile(const PathPair& job);
 
 // Rewrites an index: same content, metadata.total_size = the sum of `storage_bytes` over the
 // shard files its weight_map names (by file name). Returns the new total.
-uint64_t RewriteIndex(const Job& job, const std::map<std::string, uint64_t>& storage_bytes);
+uint64_t RewriteIndex(const PathPair& job, const std::map<std::string, uint64_t>& storage_bytes);
 
 }  // namespace ckpt

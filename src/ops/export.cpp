@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // One tensor to write: where it comes from and what it becomes.
-struct Item {
+struct ExportedTensor {
   size_t file = 0;
   size_t tensor = 0;
   std::string name;   // kept name
@@ -88,15 +88,16 @@ std::string ChooseSelection(const torch::Model& m, const std::string& requested)
   return "";
 }
 
-void WriteShard(const std::string& path, std::vector<Item>& items,
+void WriteShard(const std::string& path, std::vector<ExportedTensor>& items,
                 const std::map<std::string, std::string>& meta,
                 const std::vector<std::unique_ptr<CheckpointFile>>& files, const ExportOptions& o) {
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    uint32_t x = safetensors::DTypeBits(a.dtype), y = safetensors::DTypeBits(b.dtype);
-    return x != y ? x > y : a.name < b.name;
-  });
+  std::stable_sort(
+      items.begin(), items.end(), [](const ExportedTensor& a, const ExportedTensor& b) {
+        uint32_t x = safetensors::DTypeBits(a.dtype), y = safetensors::DTypeBits(b.dtype);
+        return x != y ? x > y : a.name < b.name;
+      });
   std::vector<safetensors::OutTensor> outs;
-  for (const Item& it : items) {
+  for (const ExportedTensor& it : items) {
     const torch::Tensor& t = files[it.file]->torch->model.tensors[it.tensor];
     outs.push_back({it.name, it.dtype, t.shape, it.size});
   }
@@ -106,13 +107,13 @@ void WriteShard(const std::string& path, std::vector<Item>& items,
   for (const auto& f : files) out.RequireUnchanged(f->map);
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
-  for (const Item& it : items) {
+  for (const ExportedTensor& it : items) {
     const torch::Tensor& t = files[it.file]->torch->model.tensors[it.tensor];
     sizes.push_back(IsContiguous(t) ? it.size : WholeRange(it.size));  // strided: one piece
   }
   std::vector<uint32_t> crcs =
       ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-        const Item& it = items[i];
+        const ExportedTensor& it = items[i];
         const CheckpointFile& f = *files[it.file];
         const torch::Tensor& t = f.torch->model.tensors[it.tensor];
         std::optional<kernels::Half> to = it.convert ? o.to : std::nullopt;
@@ -177,7 +178,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   r.selected = ChooseSelection(files[0]->torch->model, o.select);
 
   // Group identical views; every group is written once under its first name in sort order.
-  std::vector<Item> items;
+  std::vector<ExportedTensor> items;
   std::map<std::string, std::string> aliases;  // alias -> kept
   std::set<std::string> used_names;
   for (size_t fi = 0; fi < files.size(); ++fi) {
@@ -204,7 +205,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
           std::make_tuple(t.storage, t.byte_begin, static_cast<int>(t.dtype), t.shape, t.stride);
       auto [g, fresh] = groups.emplace(key, items.size());
       if (fresh) {
-        Item it;
+        ExportedTensor it;
         it.file = fi;
         it.tensor = ti;
         it.name = shown;
@@ -217,7 +218,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         }
         items.push_back(it);
       }
-      Item& kept = items[g->second];
+      ExportedTensor& kept = items[g->second];
       for (const std::string& n : names) {
         if (n < kept.name) {  // a smaller name takes over; the old one becomes an alias
           aliases[kept.name] = n;
@@ -230,16 +231,16 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
     while (aliases.count(kept)) kept = aliases[kept];
   }
-  for (const Item& it : items) {
+  for (const ExportedTensor& it : items) {
     if (!used_names.insert(it.name).second)
       Fail("two different tensors are both named '{}'", it.name);
   }
   if (items.empty()) Fail("no tensors to export");
 
   // Shards, in order, as Hugging Face splits them.
-  std::vector<std::vector<Item>> shards(1);
+  std::vector<std::vector<ExportedTensor>> shards(1);
   uint64_t current = 0;
-  for (const Item& it : items) {
+  for (const ExportedTensor& it : items) {
     if (o.max_shard_size && !shards.back().empty() && current + it.size > o.max_shard_size) {
       shards.emplace_back();
       current = 0;
@@ -258,7 +259,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
                                           : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem,
                                                         si + 1, shards.size());
     std::map<std::string, std::string> meta;
-    for (const Item& it : shards[si]) {
+    for (const ExportedTensor& it : shards[si]) {
       weight_map[it.name] = name;
       total += it.size;
     }

@@ -16,7 +16,8 @@ uint64_t AlignUp(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
 
-PlannedStorage Part(size_t source, uint64_t begin, uint64_t end) {
+// An output storage holding bytes [begin, end) of input storage `source`.
+PlannedStorage RangeOf(size_t source, uint64_t begin, uint64_t end) {
   PlannedStorage s;
   s.source = static_cast<int32_t>(source);
   s.begin = begin;
@@ -117,7 +118,7 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
           continue;
         }
       }
-      rp.storages.push_back(Part(si, r.begin, r.end));
+      rp.storages.push_back(RangeOf(si, r.begin, r.end));
       align.push_back(std::max(es, r.align));
     }
     for (size_t c = first; c < rp.storages.size(); ++c) {
@@ -129,7 +130,7 @@ ShrinkPlan PlanShrink(const torch::TorchFile& file, bool materialize) {
     }
     if (rp.storages.size() == first) {
       // Only empty views (or none reachable): keep an empty storage for them.
-      rp.storages.push_back(Part(si, 0, 0));
+      rp.storages.push_back(RangeOf(si, 0, 0));
     }
     first_part[si] = static_cast<int32_t>(first);
     bool whole = rp.storages.size() == first + 1 && rp.storages[first].begin == 0 &&

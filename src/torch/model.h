@@ -37,7 +37,7 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
   int64_t offset = 0;    // storage_offset, in elements of dtype
-  int32_t storage = -1;  // index into Checkpoint::storages; -1 if it has none
+  int32_t storage = -1;  // index into Model::storages; -1 if it has none
   bool requires_grad = false;
   uint64_t numel = 0;
   // Bytes of the storage this view can reach: [byte_begin, byte_end); empty if numel == 0.

@@ -1,0 +1,151 @@
+#include "ops/safetensors_output.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/error.h"
+#include "base/perf.h"
+#include "io/atomic_output.h"
+#include "io/crc32.h"
+#include "io/parallel_crc.h"
+#include "safetensors/safetensors_file.h"
+#include "safetensors/safetensors_writer.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void WriteFile(const std::string& path, std::vector<SafetensorsSource>& tensors,
+               const std::map<std::string, std::string>& metadata,
+               const SafetensorsModelOptions& o) {
+  // Widest dtype first, then by name: safetensors' own order, which keeps every tensor aligned.
+  std::stable_sort(
+      tensors.begin(), tensors.end(), [](const SafetensorsSource& a, const SafetensorsSource& b) {
+        uint32_t x = safetensors::DTypeBits(a.dtype), y = safetensors::DTypeBits(b.dtype);
+        return x != y ? x > y : a.name < b.name;
+      });
+  std::vector<safetensors::OutTensor> outs;
+  outs.reserve(tensors.size());
+  for (const SafetensorsSource& t : tensors) outs.push_back({t.name, t.dtype, t.shape, t.size});
+  safetensors::Layout layout = safetensors::LayOut(outs, metadata);
+  PerfTimer timer("write");
+  AtomicOutput out = AtomicOutput::Create(path, layout.total_size);
+  for (const MappedFile* in : o.inputs) out.RequireUnchanged(*in);
+  out.Write(0, AsBytes(layout.header));
+  std::vector<uint64_t> sizes;
+  sizes.reserve(tensors.size());
+  for (const SafetensorsSource& t : tensors) sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
+  std::vector<uint32_t> crcs =
+      ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        const SafetensorsSource& t = tensors[i];
+        return t.whole ? t.write(out, layout.offsets[i], 0, t.size)
+                       : t.write(out, layout.offsets[i] + off, off, len);
+      });
+  out.SetDefaultMode();
+  out.Sync();
+  MappedFile written = MappedFile::Open(out.temp_path());
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {
+    PerfTimer verify("verify");
+    safetensors::File back = safetensors::Parse(written.bytes());
+    if (back.tensors.size() != tensors.size()) Fail("tensor count differs");
+    std::unordered_map<std::string_view, size_t> index;
+    for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+    std::vector<uint64_t> back_sizes;
+    std::vector<size_t> which;
+    for (const safetensors::TensorEntry& e : back.tensors) {
+      auto it = index.find(e.name);
+      if (it == index.end() || e.dtype != tensors[it->second].dtype ||
+          e.shape != tensors[it->second].shape || e.end - e.begin != tensors[it->second].size) {
+        Fail("tensor '{}' is not what was planned", e.name);
+      }
+      which.push_back(it->second);
+      back_sizes.push_back(e.end - e.begin);
+    }
+    std::vector<uint32_t> back_crcs =
+        ParallelCrc(back_sizes, o.threads, kCrcPiece, [&](size_t k, uint64_t off, uint64_t len) {
+          MappedFile::Window w(written, back.data_offset + back.tensors[k].begin + off, len);
+          return Crc32(0, w.bytes());
+        });
+    for (size_t k = 0; k < back_crcs.size(); ++k) {
+      if (back_crcs[k] != crcs[which[k]])
+        Fail("tensor '{}' does not hold the bytes written", back.tensors[k].name);
+    }
+  });
+  out.Commit();
+}
+
+}  // namespace
+
+SafetensorsModel WriteSafetensorsModel(const std::string& to,
+                                       std::vector<SafetensorsSource> tensors,
+                                       const std::map<std::string, std::string>& aliases,
+                                       const SafetensorsModelOptions& o) {
+  if (tensors.empty()) Fail("no tensors to export");
+  std::unordered_set<std::string_view> names;
+  for (const SafetensorsSource& t : tensors) {
+    if (!names.insert(t.name).second) Fail("two different tensors are both named '{}'", t.name);
+  }
+  // Shards, in order, as Hugging Face splits them.
+  std::vector<std::vector<SafetensorsSource>> shards(1);
+  uint64_t current = 0;
+  for (SafetensorsSource& t : tensors) {
+    if (o.max_shard_size && !shards.back().empty() && current + t.size > o.max_shard_size) {
+      shards.emplace_back();
+      current = 0;
+    }
+    current += t.size;
+    shards.back().push_back(std::move(t));
+  }
+  bool single_file = to.ends_with(".safetensors");
+  fs::path dir = single_file ? fs::path(to).parent_path() : fs::path(to);
+  std::string stem = single_file ? fs::path(to).stem().string() : "model";
+  if (!dir.empty()) fs::create_directories(dir);
+  SafetensorsModel r;
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> shard_names;
+  for (size_t si = 0; si < shards.size(); ++si) {
+    shard_names.push_back(shards.size() == 1 ? stem + ".safetensors"
+                                             : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem,
+                                                           si + 1, shards.size()));
+    for (const SafetensorsSource& t : shards[si]) {
+      weight_map[t.name] = shard_names.back();
+      r.bytes += t.size;
+    }
+  }
+  std::vector<std::map<std::string, std::string>> metadata(shards.size());
+  std::unordered_map<std::string_view, size_t> shard_of;
+  for (size_t si = 0; si < shards.size(); ++si) {
+    for (const SafetensorsSource& t : shards[si]) shard_of.emplace(t.name, si);
+  }
+  for (const auto& [alias, kept] : aliases) {
+    auto it = shard_of.find(kept);
+    if (it != shard_of.end()) metadata[it->second][alias] = kept;
+  }
+  for (size_t si = 0; si < shards.size(); ++si) {
+    std::string path = (dir / shard_names[si]).string();
+    WriteFile(path, shards[si], metadata[si], o);
+    r.files.push_back(path);
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", r.bytes}};
+    index["weight_map"] = nlohmann::ordered_json(weight_map);
+    std::string text =
+        index.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    std::string path = (dir / (stem + ".safetensors.index.json")).string();
+    AtomicOutput out = AtomicOutput::Create(path, text.size());
+    out.Write(0, AsBytes(text));
+    out.Commit();
+    r.files.push_back(path);
+  }
+  return r;
+}
+
+}  // namespace ckpt

@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/names.h"
 #include "base/perf.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
@@ -20,6 +21,7 @@
 #include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
 #include "ops/tensor_bytes.h"
+#include "ops/zero_export.h"
 #include "torch/global_policy.h"
 
 namespace ckpt {
@@ -122,6 +124,10 @@ SafetensorsSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
 
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
+  if (sources.size() == 1 && deepspeed::LooksLikeZeroCheckpoint(sources[0]))
+    return ExportZero(sources[0], to, o);
+  if (!o.tag.empty() || o.exclude_frozen)
+    Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
   ExportResult r;
   std::vector<std::unique_ptr<CheckpointFile>> files;
   for (const std::string& path : SourceFiles(sources)) {

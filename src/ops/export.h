@@ -19,18 +19,21 @@
 namespace ckpt {
 
 struct ExportOptions {
-  std::string select;                    // key path of the sub-object; empty: auto-detect
-  std::optional<kernels::Half> to;       // convert float32 tensors
-  uint64_t max_shard_size = 0;           // 0: a single file
+  std::string select;               // key path of the sub-object; empty: auto-detect
+  std::optional<kernels::Half> to;  // convert float32 tensors
+  uint64_t max_shard_size = 0;      // 0: a single file
   unsigned threads = 1;
+  // DeepSpeed ZeRO checkpoints (zero_export.h):
+  std::string tag;              // the tag folder; empty: what `latest` names
+  bool exclude_frozen = false;  // leave frozen parameters out
 };
 
 struct ExportResult {
-  std::string selected;                  // the selection used ("" = the whole object)
-  std::vector<std::string> files;        // written files, index last
-  uint64_t tensors = 0;                  // tensors written
-  uint64_t aliases = 0;                  // names recorded as aliases
-  uint64_t bytes = 0;                    // tensor bytes written
+  std::string selected;            // the selection used ("" = the whole object)
+  std::vector<std::string> files;  // written files, index last
+  uint64_t tensors = 0;            // tensors written
+  uint64_t aliases = 0;            // names recorded as aliases
+  uint64_t bytes = 0;              // tensor bytes written
   std::vector<std::string> warnings;
 };
 

@@ -1,0 +1,509 @@
+#include "deepspeed/zero_checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <unordered_map>
+
+#include "base/checked.h"
+#include "base/error.h"
+#include "ops/tensor_bytes.h"
+
+namespace ckpt::deepspeed {
+
+namespace fs = std::filesystem;
+using pickle::Graph;
+using pickle::Kind;
+using pickle::kNil;
+using pickle::NodeId;
+
+bool DigitAwareLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t i2 = i, j2 = j;
+      while (i2 < a.size() && std::isdigit(static_cast<unsigned char>(a[i2]))) ++i2;
+      while (j2 < b.size() && std::isdigit(static_cast<unsigned char>(b[j2]))) ++j2;
+      std::string_view x = std::string_view(a).substr(i, i2 - i),
+                       y = std::string_view(b).substr(j, j2 - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i2;
+      j = j2;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+namespace {
+
+// ---- reading values out of a pickle graph ----
+
+// A dict, or an object built with SETITEMS (OrderedDict): the value under a string key.
+NodeId Lookup(const Graph& g, NodeId node, std::string_view key) {
+  if (node == kNil || !g.has_compound(node)) return kNil;
+  const std::vector<NodeId>& pairs = g.pairs(node);
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == key) return pairs[i + 1];
+  }
+  return kNil;
+}
+
+bool IsNone(const Graph& g, NodeId n) {
+  return n == kNil || g.kind(n) == Kind::kNone;
+}
+
+// A list or tuple (or an object built with APPENDS): its elements.
+const std::vector<NodeId>& Elements(const Graph& g, NodeId node, const std::string& what) {
+  if (node == kNil || !g.has_compound(node) ||
+      !(g.kind(node) == Kind::kList || g.kind(node) == Kind::kTuple ||
+        g.kind(node) == Kind::kObject)) {
+    Fail("{} is not a list", what);
+  }
+  return g.items(node);
+}
+
+// String-keyed entries of a dict or OrderedDict, in order.
+std::vector<std::pair<std::string, NodeId>> Entries(const Graph& g, NodeId node,
+                                                    const std::string& what) {
+  if (node == kNil || !g.has_compound(node) ||
+      !(g.kind(node) == Kind::kDict || g.kind(node) == Kind::kObject)) {
+    Fail("{} is not a dict", what);
+  }
+  std::vector<std::pair<std::string, NodeId>> out;
+  const std::vector<NodeId>& pairs = g.pairs(node);
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+    if (g.kind(pairs[i]) != Kind::kStr) Fail("{} has a key that is not a string", what);
+    out.emplace_back(std::string(g.text(pairs[i])), pairs[i + 1]);
+  }
+  return out;
+}
+
+int64_t IntOf(const Graph& g, NodeId n, const std::string& what) {
+  if (n == kNil || g.kind(n) != Kind::kInt) Fail("{} is not an integer", what);
+  return g.at(n).integer;
+}
+
+// torch.Size((...)), or a plain tuple or list of ints.
+std::vector<int64_t> ShapeOf(const Graph& g, NodeId n, const std::string& what) {
+  if (n != kNil && g.kind(n) == Kind::kObject && g.IsCallOf(n, "torch", "Size")) n = g.Arg(n, 0);
+  std::vector<int64_t> shape;
+  for (NodeId d : Elements(g, n, what)) {
+    int64_t v = IntOf(g, d, what);
+    if (v < 0) Fail("{} has a negative dimension", what);
+    shape.push_back(v);
+  }
+  return shape;
+}
+
+uint64_t NumelOf(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n = CheckedMul(n, static_cast<uint64_t>(d));
+  return n;  // a 0-d shape is one element
+}
+
+// ZeroStageEnum: a plain int, ZeroStageEnum(2) (Python <= 3.10) or getattr(ZeroStageEnum,
+// 'gradients') (Python >= 3.11).
+int StageOf(const Graph& g, NodeId n, const std::string& what) {
+  if (n != kNil && g.kind(n) == Kind::kInt) return static_cast<int>(g.at(n).integer);
+  if (n != kNil && g.kind(n) == Kind::kObject) {
+    NodeId fn = g.CalledGlobal(n);
+    if (fn != kNil && g.global_name(fn) == "getattr" && g.ArgCount(n) == 2 &&
+        g.kind(g.Arg(n, 1)) == Kind::kStr) {
+      std::string_view member = g.text(g.Arg(n, 1));
+      if (member == "disabled") return 0;
+      if (member == "optimizer_states") return 1;
+      if (member == "gradients") return 2;
+      if (member == "weights") return 3;
+      Fail("{}: unknown ZeRO stage '{}'", what, member);
+    }
+    if (fn != kNil && g.ArgCount(n) == 1 && g.kind(g.Arg(n, 0)) == Kind::kInt) {
+      return static_cast<int>(g.at(g.Arg(n, 0)).integer);
+    }
+  }
+  Fail("{} is not a ZeRO stage", what);
+}
+
+// ---- one rank file ----
+
+struct RankFile {
+  const CheckpointFile* file = nullptr;
+  size_t index = 0;
+  std::unordered_map<NodeId, size_t> tensor_of;  // rebuild call -> tensor
+
+  const Graph& graph() const { return file->torch->model.graph; }
+  NodeId root() const { return graph().root; }
+
+  // The data of the tensor at `node`: where its elements start, how many, which dtype.
+  struct Data {
+    uint64_t offset;
+    uint64_t numel;
+    torch::DType dtype;
+  };
+  Data TensorData(NodeId node, const std::string& what) const {
+    auto it = tensor_of.find(node);
+    if (it == tensor_of.end()) Fail("{}: {} is not a tensor", file->path, what);
+    const torch::Tensor& t = file->torch->model.tensors[it->second];
+    if (t.numel == 0) return {0, 0, t.dtype};
+    if (t.storage < 0 || !IsContiguous(t))
+      Fail("{}: {} is not a contiguous tensor", file->path, what);
+    const torch::Storage& s = file->torch->model.storages[t.storage];
+    if (!s.present || s.compressed)
+      Fail("{}: {}: its storage record is compressed or missing", file->path, what);
+    return {s.data_offset + t.byte_begin, t.numel, t.dtype};
+  }
+};
+
+RankFile Index(const CheckpointFile& f, size_t index) {
+  if (!f.torch) Fail("{}: not a torch checkpoint", f.path);
+  const torch::Model& m = f.torch->model;
+  if (!m.problems.empty())
+    Fail("{}: {}: {} (run ckptool verify)", f.path, m.problems[0].where, m.problems[0].what);
+  RankFile r;
+  r.file = &f;
+  r.index = index;
+  for (size_t i = 0; i < m.tensors.size(); ++i) r.tensor_of.emplace(m.tensors[i].node, i);
+  return r;
+}
+
+// A flat run of elements spread over consecutive pieces (a group's ranks, a rank's
+// sub-groups): the pieces covering elements [begin, end).
+struct FlatRun {
+  std::vector<Piece> parts;
+  std::vector<uint64_t> starts;  // element offset of each part
+  uint64_t total = 0;
+
+  void Add(Piece p) {
+    starts.push_back(total);
+    total += p.count;
+    parts.push_back(p);
+  }
+  void Cut(uint64_t begin, uint64_t end, uint64_t element_size, std::vector<Piece>& out) const {
+    auto it = std::upper_bound(starts.begin(), starts.end(), begin);
+    size_t k = it == starts.begin() ? 0 : static_cast<size_t>(it - starts.begin()) - 1;
+    for (; k < parts.size() && begin < end; ++k) {
+      uint64_t lo = std::max(begin, starts[k]), hi = std::min(end, starts[k] + parts[k].count);
+      if (lo >= hi) continue;
+      out.push_back({parts[k].file, parts[k].offset + (lo - starts[k]) * element_size, hi - lo});
+      begin = hi;
+    }
+  }
+};
+
+std::vector<std::string> Matching(const std::string& folder, std::string_view suffix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.ends_with(suffix) && e.is_regular_file(ec)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end(), DigitAwareLess);
+  return out;
+}
+
+std::string ReadTag(const std::string& path) {
+  std::ifstream in(path);
+  std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.front()))) tag.erase(0, 1);
+  return tag;
+}
+
+}  // namespace
+
+bool LooksLikeZeroCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  if (fs::is_regular_file(fs::path(path) / "latest", ec)) return true;
+  return !Matching(path, "_optim_states.pt").empty();
+}
+
+ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag) {
+  ZeroCheckpoint z;
+  std::error_code ec;
+  fs::path root(path);
+  if (!tag.empty()) {
+    z.tag = tag;
+  } else if (fs::is_regular_file(root / "latest", ec)) {
+    z.tag = ReadTag((root / "latest").string());
+    if (z.tag.empty()) Fail("{}: the 'latest' file is empty", (root / "latest").string());
+  } else if (!Matching(path, "_optim_states.pt").empty()) {
+    z.tag = root.filename().string();
+    root = root.parent_path();
+  } else {
+    Fail(
+        "{}: neither a DeepSpeed checkpoint folder (no 'latest' file) nor a tag folder (no "
+        "*_optim_states.pt)",
+        path);
+  }
+  z.folder = (root / z.tag).string();
+  if (!fs::is_directory(z.folder, ec))
+    Fail("{}: no such checkpoint folder (tag '{}')", z.folder, z.tag);
+  if (fs::is_directory(fs::path(z.folder) / "zero", ec) &&
+      Matching(z.folder, "_optim_states.pt").empty()) {
+    Fail(
+        "{}: a universal checkpoint (zero/<param>/fp32.pt); ckptool reads the ZeRO rank files it "
+        "was made from",
+        z.folder);
+  }
+  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
+  std::vector<std::string> optim_names = Matching(z.folder, "_optim_states.pt");
+  for (const std::string& n : model_names) {
+    if (n.find("_expert_") != std::string::npos) {
+      Fail(
+          "{}: {}: a Mixture-of-Experts checkpoint; experts are partitioned over expert-parallel "
+          "groups, "
+          "which zero_to_fp32 does not consolidate either",
+          z.folder, n);
+    }
+  }
+  for (const std::string& n : model_names) {
+    if (n.find("mp_rank_") != std::string::npos && n.find("mp_rank_00") == std::string::npos) {
+      Fail(
+          "{}: {}: tensor parallel (more than one mp rank); its shards cannot be joined without "
+          "the model's "
+          "parallel layout",
+          z.folder, n);
+    }
+  }
+  if (model_names.empty()) Fail("{}: no *_model_states.pt files", z.folder);
+  if (optim_names.empty()) Fail("{}: no *_optim_states.pt files", z.folder);
+  for (const std::string& n : model_names) {
+    z.files.push_back(
+        std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / n).string())));
+  }
+  z.model_files = z.files.size();
+  for (const std::string& n : optim_names) {
+    z.files.push_back(
+        std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / n).string())));
+    z.optimizer_bytes += z.files.back()->map.size();
+  }
+  std::vector<RankFile> ranks;
+  for (size_t i = 0; i < z.files.size(); ++i) ranks.push_back(Index(*z.files[i], i));
+
+  // Optimizer files: stage, world size, each rank's fp32 partitions.
+  const RankFile& first_optim = ranks[z.model_files];
+  NodeId osd0 = Lookup(first_optim.graph(), first_optim.root(), "optimizer_state_dict");
+  if (osd0 == kNil)
+    Fail("{}: no optimizer_state_dict: not a ZeRO optimizer file", first_optim.file->path);
+  NodeId stage_node = Lookup(first_optim.graph(), osd0, "zero_stage");
+  if (stage_node == kNil) {
+    Fail(
+        "{}: no zero_stage: not a ZeRO checkpoint (DeepSpeed's BF16_Optimizer or another optimizer "
+        "wrote it; "
+        "zero_to_fp32 refuses it too)",
+        first_optim.file->path);
+  }
+  z.stage = StageOf(first_optim.graph(), stage_node, first_optim.file->path + ": zero_stage");
+  if (z.stage < 1 || z.stage > 3)
+    Fail("{}: unknown zero stage {}", first_optim.file->path, z.stage);
+  {
+    const Graph& g = first_optim.graph();
+    NodeId pc = Lookup(g, osd0, "partition_count");
+    if (pc == kNil) Fail("{}: no partition_count", first_optim.file->path);
+    if (g.kind(pc) == Kind::kInt) {
+      z.world_size = static_cast<int>(g.at(pc).integer);
+    } else {
+      for (NodeId c : Elements(g, pc, first_optim.file->path + ": partition_count")) {
+        z.world_size =
+            std::max<int>(z.world_size, static_cast<int>(IntOf(g, c, "partition_count")));
+      }
+    }
+  }
+  size_t optim_files = z.files.size() - z.model_files;
+  if (z.world_size < 1 || static_cast<size_t>(z.world_size) != optim_files) {
+    Fail(
+        "{}: partition_count says {} ranks but there are {} *_optim_states.pt files (an "
+        "overwritten "
+        "checkpoint, or a rank that did not save)",
+        z.folder, z.world_size, optim_files);
+  }
+  const char* groups_key = z.stage <= 2 ? "single_partition_of_fp32_groups" : "fp32_flat_groups";
+  // Per rank, per group: the rank's fp32 piece.
+  std::vector<std::vector<Piece>> partitions;
+  for (size_t r = z.model_files; r < ranks.size(); ++r) {
+    const RankFile& rf = ranks[r];
+    const Graph& g = rf.graph();
+    NodeId osd = Lookup(g, rf.root(), "optimizer_state_dict");
+    NodeId groups = Lookup(g, osd, groups_key);
+    if (groups == kNil) Fail("{}: no optimizer_state_dict.{}", rf.file->path, groups_key);
+    std::vector<Piece> ps;
+    const std::vector<NodeId>& elems = Elements(g, groups, rf.file->path + ": " + groups_key);
+    for (size_t i = 0; i < elems.size(); ++i) {
+      std::string what = fmt::format("{}.{}", groups_key, i);
+      RankFile::Data d = rf.TensorData(elems[i], what);
+      if (d.numel && d.dtype != torch::DType::kFloat32)
+        Fail("{}: {} is {}, not float32", rf.file->path, what, torch::Name(d.dtype));
+      ps.push_back({rf.index, d.offset, d.numel});
+    }
+    if (!partitions.empty() && ps.size() != partitions[0].size()) {
+      Fail("{}: {} groups, but the first rank file has {}", rf.file->path, ps.size(),
+           partitions[0].size());
+    }
+    partitions.push_back(std::move(ps));
+  }
+
+  // Model states of the first file: buffers, frozen params, param shapes, aliases.
+  const RankFile& m0 = ranks[0];
+  const Graph& g0 = m0.graph();
+  const std::string& p0 = m0.file->path;
+  NodeId buffer_names = Lookup(g0, m0.root(), "buffer_names");
+  if (buffer_names == kNil) Fail("{}: no buffer_names: not a model states file", p0);
+  std::vector<std::string> buffers;
+  for (NodeId n : Elements(g0, buffer_names, p0 + ": buffer_names")) {
+    if (g0.kind(n) != Kind::kStr) Fail("{}: buffer_names holds a non-string", p0);
+    buffers.emplace_back(g0.text(n));
+  }
+  NodeId module = Lookup(g0, m0.root(), "module");
+  if (module == kNil) Fail("{}: no module", p0);
+  for (const auto& [name, value] : Entries(g0, module, p0 + ": module")) {
+    if (std::find(buffers.begin(), buffers.end(), name) == buffers.end()) continue;
+    RankFile::Data d = m0.TensorData(value, "module." + name);
+    const torch::Tensor& t = m0.file->torch->model.tensors[m0.tensor_of.at(value)];
+    ZeroTensor zt;
+    zt.name = name;
+    zt.kind = ZeroTensor::Kind::kBuffer;
+    zt.stored = d.dtype;
+    zt.dtype = torch::DType::kFloat32;
+    zt.shape = t.shape;
+    zt.numel = d.numel;
+    if (d.numel) zt.pieces.push_back({m0.index, d.offset, d.numel});
+    z.tensors.push_back(std::move(zt));
+  }
+
+  NodeId frozen_shapes = Lookup(g0, m0.root(), "frozen_param_shapes");
+  if (!IsNone(g0, frozen_shapes)) {
+    for (const auto& [name, shape_node] :
+         Entries(g0, frozen_shapes, p0 + ": frozen_param_shapes")) {
+      ZeroTensor zt;
+      zt.name = name;
+      zt.kind = ZeroTensor::Kind::kFrozen;
+      zt.shape = ShapeOf(g0, shape_node, p0 + ": frozen_param_shapes." + name);
+      zt.numel = NumelOf(zt.shape);
+      // Stage 2: the first file holds each frozen param whole; stage 3: every rank a fragment.
+      size_t last = z.stage <= 2 ? 1 : z.model_files;
+      FlatRun run;
+      for (size_t r = 0; r < last; ++r) {
+        const RankFile& rf = ranks[r];
+        NodeId fragments = Lookup(rf.graph(), rf.root(), "frozen_param_fragments");
+        NodeId frag = Lookup(rf.graph(), fragments, name);
+        if (frag == kNil) Fail("{}: no frozen_param_fragments.{}", rf.file->path, name);
+        RankFile::Data d = rf.TensorData(frag, "frozen_param_fragments." + name);
+        if (r == 0) zt.stored = zt.dtype = d.dtype;
+        if (d.dtype != zt.stored)
+          Fail("{}: frozen_param_fragments.{} changes dtype between ranks", rf.file->path, name);
+        run.Add({rf.index, d.offset, d.numel});
+      }
+      if (run.total < zt.numel) {
+        Fail("{}: frozen parameter '{}' needs {} elements but its fragments hold {}", z.folder,
+             name, zt.numel, run.total);
+      }
+      run.Cut(0, zt.numel, torch::ElementSize(zt.stored), zt.pieces);
+      z.tensors.push_back(std::move(zt));
+    }
+  }
+
+  NodeId param_shapes = Lookup(g0, m0.root(), "param_shapes");
+  if (IsNone(g0, param_shapes))
+    Fail("{}: no param_shapes (was the model trained with a ZeRO optimizer?)", p0);
+  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> shape_groups;
+  for (NodeId group : Elements(g0, param_shapes, p0 + ": param_shapes")) {
+    shape_groups.emplace_back();
+    for (const auto& [name, shape_node] : Entries(g0, group, p0 + ": param_shapes")) {
+      shape_groups.back().emplace_back(name,
+                                       ShapeOf(g0, shape_node, p0 + ": param_shapes." + name));
+    }
+  }
+  const uint64_t ws = static_cast<uint64_t>(z.world_size);
+  auto trainable = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    ZeroTensor zt;
+    zt.name = name;
+    zt.kind = ZeroTensor::Kind::kTrainable;
+    zt.shape = shape;
+    zt.numel = NumelOf(shape);
+    return zt;
+  };
+  if (z.stage <= 2) {
+    if (shape_groups.size() != partitions[0].size()) {
+      Fail("{}: param_shapes has {} groups but the optimizer files have {}", z.folder,
+           shape_groups.size(), partitions[0].size());
+    }
+    for (size_t gi = 0; gi < shape_groups.size(); ++gi) {
+      FlatRun group;
+      for (const std::vector<Piece>& rank : partitions) group.Add(rank[gi]);
+      uint64_t offset = 0;
+      for (const auto& [name, shape] : shape_groups[gi]) {
+        ZeroTensor zt = trainable(name, shape);
+        if (offset + zt.numel > group.total) {
+          Fail("{}: group {} holds {} elements, too few for parameter '{}'", z.folder, gi,
+               group.total, name);
+        }
+        group.Cut(offset, offset + zt.numel, 4, zt.pieces);
+        offset += zt.numel;
+        z.tensors.push_back(std::move(zt));
+      }
+      auto align = [&](uint64_t x) { return (x + 2 * ws - 1) / (2 * ws) * (2 * ws); };
+      if (align(offset) != align(group.total)) {
+        Fail(
+            "{}: group {}: consumed {} elements out of {}; the partitions do not match "
+            "param_shapes",
+            z.folder, gi, align(offset), align(group.total));
+      }
+    }
+  } else {
+    std::vector<FlatRun> rank_flat(partitions.size());
+    for (size_t r = 0; r < partitions.size(); ++r) {
+      for (const Piece& p : partitions[r]) rank_flat[r].Add(p);
+    }
+    uint64_t offset = 0;
+    for (const auto& group : shape_groups) {
+      for (const auto& [name, shape] : group) {
+        ZeroTensor zt = trainable(name, shape);
+        uint64_t ps = (zt.numel + ws - 1) / ws;
+        std::vector<Piece> joined;
+        for (const FlatRun& run : rank_flat) {
+          if (offset + ps > run.total)
+            Fail("{}: a rank's partitions are too short for parameter '{}'", z.folder, name);
+          run.Cut(offset, offset + ps, 4, joined);
+        }
+        FlatRun all;
+        for (const Piece& p : joined) all.Add(p);
+        all.Cut(0, zt.numel, 4, zt.pieces);
+        offset += ps;
+        z.tensors.push_back(std::move(zt));
+      }
+    }
+    for (const FlatRun& run : rank_flat) {
+      if (run.total != rank_flat[0].total)
+        Fail("{}: the ranks' fp32 partitions differ in length", z.folder);
+    }
+    if (offset != rank_flat[0].total) {
+      Fail("{}: consumed {} elements out of {}; the partitions do not match param_shapes", z.folder,
+           offset * ws, rank_flat[0].total * ws);
+    }
+  }
+
+  NodeId shared = Lookup(g0, m0.root(), "shared_params");
+  if (!IsNone(g0, shared)) {
+    std::unordered_map<std::string, size_t> known;
+    for (size_t i = 0; i < z.tensors.size(); ++i) known.emplace(z.tensors[i].name, i);
+    for (const auto& [alias, owner] : Entries(g0, shared, p0 + ": shared_params")) {
+      if (g0.kind(owner) != Kind::kStr) Fail("{}: shared_params.{} is not a name", p0, alias);
+      std::string owner_name(g0.text(owner));
+      if (known.count(owner_name) && !known.count(alias)) z.aliases.emplace_back(alias, owner_name);
+    }
+  }
+  return z;
+}
+
+}  // namespace ckpt::deepspeed

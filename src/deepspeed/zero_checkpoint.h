@@ -1,0 +1,83 @@
+// DeepSpeed ZeRO checkpoints (stages 1, 2 and 3) read as one model, without loading anything:
+// the consolidated state dict DeepSpeed's own zero_to_fp32.py would build, as logical tensors
+// whose elements are pieces of the rank files (deepspeed/utils/zero_to_fp32.py,
+// runtime/engine.py, runtime/zero/stage_1_and_2.py and stage3.py):
+//
+//   <root>/latest                       the tag (text), unless one is given
+//   <root>/<tag>/mp_rank_00_model_states.pt                      stages 1/2 (rank 0 writes it)
+//   <root>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt     stage 3, one per rank
+//   <root>/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt  one per rank
+//   rank files are taken in digit-aware order (rank 10 after rank 9).
+//
+// Model states: module (16-bit params for stages 1/2, placeholders for stage 3; buffers),
+// buffer_names, param_shapes (a list of OrderedDict name -> Size, one per group / sub-group),
+// frozen_param_shapes and frozen_param_fragments (stage >= 2), shared_params {alias: owner}.
+// Optimizer states: optimizer_state_dict with zero_stage, partition_count and, per group,
+// single_partition_of_fp32_groups (stages 1/2: this rank's piece of the group's flat fp32
+// buffer) or fp32_flat_groups (stage 3: this rank's flat partition of each sub-group).
+//
+// Stages 1/2: a group's flat buffer is the ranks' pieces joined in rank order; params are
+// consecutive ranges of it in param_shapes order (a 0-d shape is one element); the consumed
+// length, rounded up to a multiple of 2 x world size, must equal the buffer's, rounded alike.
+// Stage 3: every param is padded to ps = ceil(numel / world size) per rank; rank r's piece of
+// a param sits at the same offset of its joined sub-groups; the param is the pieces joined,
+// cut to numel; offsets x world size must add up to the ranks' total.
+// Buffers are module[name] for name in buffer_names, made float32 (DeepSpeed calls .float());
+// frozen params stay 16-bit (stage 2: the first model file's fragments; stage 3: every rank's
+// fragment joined, cut to numel); aliases name their owner. Order: buffers, frozen, trainable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/checkpoint_file.h"
+#include "torch/dtype.h"
+
+namespace ckpt::deepspeed {
+
+// `count` elements of a rank file's tensor data starting at byte `offset` of file `file`.
+struct Piece {
+  size_t file = 0;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+
+struct ZeroTensor {
+  enum class Kind { kBuffer, kFrozen, kTrainable };
+  std::string name;
+  Kind kind = Kind::kTrainable;
+  torch::DType stored = torch::DType::kFloat32;  // the dtype of the pieces
+  torch::DType dtype = torch::DType::kFloat32;   // what zero_to_fp32 returns
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;
+  std::vector<Piece> pieces;  // in order; their counts add up to numel
+};
+
+struct ZeroCheckpoint {
+  std::string folder;  // <root>/<tag>
+  std::string tag;
+  int stage = 0;
+  int world_size = 0;
+  std::vector<std::unique_ptr<CheckpointFile>> files;  // model states files, then optimizer files
+  size_t model_files = 0;
+  std::vector<ZeroTensor> tensors;
+  std::vector<std::pair<std::string, std::string>> aliases;  // alias -> owner, as shared_params
+  uint64_t optimizer_bytes = 0;  // what the optimizer files take on disk
+};
+
+// A DeepSpeed root (holding `latest`) or a tag folder (holding *_optim_states.pt)?
+bool LooksLikeZeroCheckpoint(const std::string& path);
+
+// Reads the ZeRO checkpoint at `path` (a root with `latest`, or a tag folder; `tag` picks one
+// under the root). Throws ckpt::Error naming the folder or file and the reason, including
+// for the checkpoints zero_to_fp32 refuses (no zero_stage: BF16_Optimizer; tensor parallel;
+// MoE expert files; universal checkpoints).
+ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag = "");
+
+// Natural order: "rank_2" before "rank_10".
+bool DigitAwareLess(const std::string& a, const std::string& b);
+
+}  // namespace ckpt::deepspeed

@@ -1,0 +1,16 @@
+// `ckptool export <DeepSpeed ZeRO checkpoint>`: the consolidated model zero_to_fp32.py would
+// build (deepspeed/zero_checkpoint.h), written as safetensors straight from the rank files:
+// each tensor's pieces are copied (or converted) into their place in the output, a few MiB
+// per thread at a time, so memory does not grow with the model.
+#pragma once
+
+#include <string>
+
+#include "ops/export.h"
+
+namespace ckpt {
+
+ExportResult ExportZero(const std::string& path, const std::string& to,
+                        const ExportOptions& options);
+
+}  // namespace ckpt

@@ -1,0 +1,130 @@
+"""`ckptool export` of DeepSpeed ZeRO 1/2/3 checkpoints (laid out by zero_fixtures.py exactly as
+DeepSpeed's engine writes them): the consolidated model equals zero_to_fp32's, bit for bit."""
+import os
+
+import numpy as np
+import torch
+
+import zero_fixtures as zf
+from ckpt_testlib import CkptTestCase, read_bytes, read_safetensors, run
+
+NP_TO_TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
+
+
+def as_torch(dtype, array):
+    if dtype == "BF16":  # numpy has no bfloat16: the reader gives its bits as uint16
+        return torch.from_numpy(np.array(array.astype(np.int16), copy=True)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def raw(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+class ZeroExportTest(CkptTestCase):
+    def export(self, root, *args):
+        out = self.path(f"out{len(os.listdir(self.tmp))}")
+        run("export", root, "--to", out, *args)
+        files = sorted(os.listdir(out))
+        tensors, meta = {}, {}
+        for name in files:
+            if name.endswith(".safetensors"):
+                m, t = read_safetensors(self, os.path.join(out, name))
+                meta.update(m)
+                tensors.update({k: as_torch(d, a) for k, (d, a) in t.items()})
+        return out, files, tensors, meta
+
+    def assert_consolidated(self, tensors, meta, expected):
+        """Every name zero_to_fp32 returns is there, bit for bit; tied names are aliases."""
+        for name, t in expected.items():
+            kept = meta.get(name, name)
+            self.assertIn(kept, tensors, name)
+            got = tensors[kept]
+            self.assertEqual(got.dtype, t.dtype, name)
+            self.assertEqual(tuple(got.shape), tuple(t.shape), name)
+            self.assertTrue(torch.equal(raw(got), raw(t)), name)
+        self.assertEqual(set(tensors) - set(expected), set())
+
+    def test_every_stage_and_world_size_equals_zero_to_fp32(self):
+        for stage in (1, 2, 3):
+            for ws in (1, 2, 3, 5, 11):
+                with self.subTest(stage=stage, world_size=ws):
+                    root = self.path(f"s{stage}w{ws}")
+                    fx = zf.make_zero_checkpoint(root, stage, ws, python311_enum=(ws % 2 == 1))
+                    expected = zf.reference_consolidate(root)
+                    _, files, tensors, meta = self.export(root)
+                    self.assertEqual(files, ["model.safetensors"])
+                    self.assert_consolidated(tensors, meta, expected)
+                    self.assertEqual(meta.get("format"), "pt")
+                    self.assertTrue(fx.aliases, "the fixture ties a weight")
+                    for alias, owner in fx.aliases.items():
+                        self.assertEqual(meta[alias], owner)
+
+    def test_dtype_frozen_shards_and_tags(self):
+        root = self.path("run")
+        zf.make_zero_checkpoint(root, 3, 4, dtype=torch.float16)
+        expected = zf.reference_consolidate(root)
+        # --dtype bf16: what torch's .to(torch.bfloat16) makes of zero_to_fp32's result.
+        _, _, tensors, meta = self.export(root, "--dtype", "bf16")
+        self.assert_consolidated(tensors, meta, {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                                                 for k, v in expected.items()})
+        # --exclude-frozen, as zero_to_fp32's exclude_frozen_parameters.
+        _, _, tensors, meta = self.export(root, "--exclude-frozen")
+        self.assert_consolidated(tensors, meta, zf.reference_consolidate(root, exclude_frozen_parameters=True))
+        # Shards and index as Hugging Face names them.
+        out, files, tensors, meta = self.export(root, "--max-shard-size", "1KiB")
+        self.assertIn("model.safetensors.index.json", files)
+        self.assertGreater(len(files), 2)
+        self.assertTrue(all(f.startswith("model-0000") for f in files if f.endswith(".safetensors")))
+        self.assert_consolidated(tensors, meta, expected)
+        # The tag folder itself, and --tag, give the same model.
+        _, _, tensors, meta = self.export(os.path.join(root, "global_step14"))
+        self.assert_consolidated(tensors, meta, expected)
+        other = zf.make_zero_checkpoint(root, 3, 4, tag="global_step20", dtype=torch.float16, seed=7)
+        self.assertEqual(read_bytes(os.path.join(root, "latest")), b"global_step20")
+        _, _, tensors, meta = self.export(root, "--tag", "global_step14")
+        self.assert_consolidated(tensors, meta, expected)
+        _, _, tensors, meta = self.export(root)
+        self.assert_consolidated(tensors, meta, zf.reference_consolidate(root))
+        self.assertTrue(other.aliases)
+
+    def test_checkpoints_zero_to_fp32_refuses_are_clear_errors(self):
+        cases = [
+            (zf.make_bf16_optimizer_checkpoint, (2,), "no zero_stage"),
+            (zf.make_tensor_parallel_checkpoint, (2, 2), "tensor parallel"),
+            (zf.make_moe_checkpoint, (2, 2), "Mixture-of-Experts"),
+        ]
+        for make, args, reason in cases:
+            with self.subTest(reason=reason):
+                root = self.path(make.__name__)
+                fx = make(root, *args)
+                out = self.path(make.__name__ + "_out")
+                r = run("export", root, "--to", out, expect=1)
+                self.assertIn(reason, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
+                self.assertTrue(fx.error_message)
+        root = self.path("universal")
+        fx = zf.make_universal_checkpoint(root, 2, 2)
+        r = run("export", root, "--tag", fx.tag, "--to", self.path("u_out"), expect=1)
+        self.assertIn("universal checkpoint", r.stderr)
+
+    def test_missing_or_truncated_rank_file_is_named(self):
+        root = self.path("run")
+        fx = zf.make_zero_checkpoint(root, 2, 3)
+        folder = os.path.join(root, "global_step14")
+        victim = os.path.join(folder, fx.optim_files[1])
+        data = read_bytes(victim)
+        with open(victim, "wb") as f:
+            f.write(data[: len(data) // 2])
+        r = run("export", root, "--to", self.path("o1"), expect=1)
+        self.assertIn(victim, r.stderr)
+        os.remove(victim)
+        r = run("export", root, "--to", self.path("o2"), expect=1)
+        self.assertIn("partition_count says 3 ranks but there are 2", r.stderr)
+        self.assertFalse(os.path.exists(self.path("o2")) and os.listdir(self.path("o2")))
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()

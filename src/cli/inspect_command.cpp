@@ -5,7 +5,9 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "ops/inspect_output.h"
+#include "ops/zero_report.h"
 
 namespace ckpt::cli {
 
@@ -40,6 +42,22 @@ int RunInspect(const InspectCliOptions& o) {
     } catch (const Error& e) {
       PrintError(e.what());
       if (o.json) doc["files"].push_back({{"path", path}, {"error", e.what()}});
+      rc = 1;
+    }
+  }
+  // A DeepSpeed ZeRO checkpoint is also described as the one model its rank files make.
+  for (const std::string& path : o.paths) {
+    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
+    try {
+      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
+      if (o.json) {
+        doc["zero"].push_back(RenderZeroJson(z));
+      } else {
+        std::cout << "\n" << RenderZeroText(z, o.top);
+      }
+    } catch (const Error& e) {
+      PrintError(e.what());
+      if (o.json) doc["zero"].push_back({{"folder", path}, {"error", e.what()}});
       rc = 1;
     }
   }

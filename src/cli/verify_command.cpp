@@ -7,6 +7,7 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
 #include "ops/verify.h"
 
@@ -46,6 +47,24 @@ int RunVerify(const VerifyCliOptions& o) {
       }
       if (!o.quiet) {
         for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+      }
+    } catch (const Error& e) {
+      std::cout << Printable(e.what()) << "\n";
+      ++bad_files;
+      ++problems;
+    }
+  }
+  // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
+  for (const std::string& path : o.paths) {
+    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
+    try {
+      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
+      if (!o.quiet) {
+        std::cout << Printable(fmt::format(
+                         "{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the partitions of all {} "
+                         "tensors are present and add up)",
+                         z.folder, z.stage, z.world_size, z.tensors.size()))
+                  << "\n";
       }
     } catch (const Error& e) {
       std::cout << Printable(e.what()) << "\n";

@@ -1,5 +1,6 @@
 """`ckptool export` of DeepSpeed ZeRO 1/2/3 checkpoints (laid out by zero_fixtures.py exactly as
 DeepSpeed's engine writes them): the consolidated model equals zero_to_fp32's, bit for bit."""
+import json
 import os
 
 import numpy as np
@@ -108,6 +109,29 @@ class ZeroExportTest(CkptTestCase):
         fx = zf.make_universal_checkpoint(root, 2, 2)
         r = run("export", root, "--tag", fx.tag, "--to", self.path("u_out"), expect=1)
         self.assertIn("universal checkpoint", r.stderr)
+
+    def test_inspect_and_verify_see_one_model(self):
+        root = self.path("run")
+        fx = zf.make_zero_checkpoint(root, 3, 5)
+        expected = zf.reference_consolidate(root)
+        doc = json.loads(run("inspect", "--json", root).stdout)
+        (zero,) = doc["zero"]
+        self.assertEqual((zero["stage"], zero["world_size"], zero["tag"]), (3, 5, "global_step14"))
+        names = {t["name"]: t for t in zero["tensors"]}
+        self.assertEqual(set(names) | set(zero["aliases"]), set(expected))
+        for name, t in names.items():
+            self.assertEqual(t["shape"], list(expected[name].shape), name)
+            self.assertEqual(t["bytes"], expected[name].numel() * expected[name].element_size(), name)
+        self.assertEqual(zero["aliases"], fx.aliases)
+        text = run("inspect", root).stdout
+        self.assertIn("DeepSpeed ZeRO stage 3, 5 ranks", text)
+        self.assertIn("optimizer state files: 5", text)
+        r = run("verify", root)
+        self.assertIn("OK (DeepSpeed ZeRO stage 3, 5 ranks", r.stdout)
+        victim = os.path.join(root, "global_step14", fx.optim_files[-1])
+        os.remove(victim)
+        r = run("verify", root, expect=1)
+        self.assertIn("partition_count says 5 ranks but there are 4", r.stdout)
 
     def test_missing_or_truncated_rank_file_is_named(self):
         root = self.path("run")

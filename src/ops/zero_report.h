@@ -1,0 +1,17 @@
+// What `inspect` and `verify` say about a DeepSpeed ZeRO checkpoint as a whole: the model it
+// consolidates to (names, shapes, bytes, which rank files hold each parameter) next to what
+// the optimizer state costs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "deepspeed/zero_checkpoint.h"
+
+namespace ckpt {
+
+std::string RenderZeroText(const deepspeed::ZeroCheckpoint& z, size_t top_n);
+nlohmann::ordered_json RenderZeroJson(const deepspeed::ZeroCheckpoint& z);
+
+}  // namespace ckpt

@@ -288,6 +288,14 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
         std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / n).string())));
     z.optimizer_bytes += z.files.back()->map.size();
   }
+  Consolidate(z);
+  return z;
+}
+
+void Consolidate(ZeroCheckpoint& z) {
+  if (z.model_files == 0 || z.model_files >= z.files.size()) {
+    Fail("{}: needs model states files and optimizer files", z.folder);
+  }
   std::vector<RankFile> ranks;
   for (size_t i = 0; i < z.files.size(); ++i) ranks.push_back(Index(*z.files[i], i));
 
@@ -503,7 +511,6 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
       if (known.count(owner_name) && !known.count(alias)) z.aliases.emplace_back(alias, owner_name);
     }
   }
-  return z;
 }
 
 }  // namespace ckpt::deepspeed

@@ -77,6 +77,11 @@ bool LooksLikeZeroCheckpoint(const std::string& path);
 // MoE expert files; universal checkpoints).
 ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag = "");
 
+// The consolidation alone, from files already read: z.files holds z.model_files model states
+// files, then the optimizer files, each with its torch model (the fuzz target and tests give
+// them from memory). Fills stage, world_size, tensors and aliases.
+void Consolidate(ZeroCheckpoint& z);
+
 // Natural order: "rank_2" before "rank_10".
 bool DigitAwareLess(const std::string& a, const std::string& b);
 

@@ -1,0 +1,61 @@
+// Fuzz target: DeepSpeed ZeRO consolidation (deepspeed/zero_checkpoint.h) over rank files
+// given in one input as records [u8 role: even = model states, odd = optimizer][u32 LE
+// length][bytes of a torch file]. Besides not crashing, every tensor it maps must be made of
+// pieces that add up to its elements and lie inside their file.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "base/endian.h"
+#include "base/error.h"
+#include "deepspeed/zero_checkpoint.h"
+#include "torch/torch_file.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace ckpt;
+  std::vector<Bytes> models, optims;
+  for (size_t at = 0; at + 5 <= size && models.size() + optims.size() < 16;) {
+    uint8_t role = data[at];
+    uint32_t len = LoadLE<uint32_t>(data + at + 1);
+    at += 5;
+    if (len > size - at) len = static_cast<uint32_t>(size - at);
+    (role % 2 ? optims : models).push_back(Bytes(data + at, len));
+    at += len;
+  }
+  deepspeed::ZeroCheckpoint z;
+  z.folder = "fuzz";
+  std::vector<Bytes> inputs;
+  try {
+    for (const std::vector<Bytes>* group : {&models, &optims}) {
+      for (Bytes b : *group) {
+        auto f = std::make_unique<CheckpointFile>();
+        f->path = "rank file";
+        std::optional<Format> format = DetectFormat(b);
+        if (!format || *format == Format::kSafetensors) return 0;
+        f->torch =
+            *format == Format::kTorchZip ? torch::ReadTorchZip(b) : torch::ReadTorchLegacy(b);
+        z.files.push_back(std::move(f));
+        inputs.push_back(b);
+      }
+      if (group == &models) z.model_files = z.files.size();
+    }
+    deepspeed::Consolidate(z);
+  } catch (const Error&) {
+    return 0;
+  }
+  for (const deepspeed::ZeroTensor& t : z.tensors) {
+    uint64_t count = 0;
+    for (const deepspeed::Piece& p : t.pieces) {
+      count += p.count;
+      uint64_t bytes = p.count * torch::ElementSize(t.stored);
+      if (p.file >= inputs.size() || p.offset > inputs[p.file].size() ||
+          bytes > inputs[p.file].size() - p.offset) {
+        std::abort();  // a piece outside its file
+      }
+    }
+    if (count != t.numel) std::abort();  // pieces that do not add up
+  }
+  return 0;
+}

@@ -45,6 +45,11 @@ void OnBusError(int) {
   static const char kMessage[] =
       "ckptool: error: a file being read was truncated by another process (or a disk is full); "
       "nothing was replaced\n";
+  // Several threads may fault at once: one reports and exits, the others wait for it.
+  static std::atomic<int> entered{0};
+  if (entered.fetch_add(1) != 0) {
+    for (;;) ::pause();
+  }
   RemoveAll();
   ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
   (void)ignored;

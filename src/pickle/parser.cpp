@@ -27,6 +27,7 @@ class Parser {
     }
     NodeId root = Pop();
     ParseResult r;
+    r.leftover = stack_.size() + marks_.size();
     r.graph = std::move(g_);
     r.graph.root = root;
     r.end = c_.pos();

@@ -26,6 +26,10 @@ struct Limits {
 struct ParseResult {
   Graph graph;
   uint64_t end = 0;  // bytes consumed, through STOP
+  // Values and MARKs still on the stack under the result at STOP. Unpicklers ignore them;
+  // no pickler leaves any, so they mean a damaged stream (one flipped bit can turn the
+  // closing SETITEMS of a dict into a TUPLE).
+  size_t leftover = 0;
 };
 
 // Parses one pickle from the start of `data`; `base_offset` is where `data` starts in the

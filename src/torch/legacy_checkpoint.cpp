@@ -27,13 +27,14 @@ struct Piece {
   pickle::Graph graph;
   uint64_t offset;
   uint64_t size;
+  size_t leftover;  // values left on the stack at STOP
 };
 
 Piece ParseAt(Bytes file, uint64_t offset, const char* what, const ReadOptions& options) {
   return WithContext(what, [&] {
     pickle::ParseResult r =
         pickle::Parse(Slice(file, offset, file.size() - offset), offset, options.limits);
-    return Piece{std::move(r.graph), offset, r.end};
+    return Piece{std::move(r.graph), offset, r.end, r.leftover};
   });
 }
 
@@ -97,6 +98,13 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
   tf.pickle_size = obj.size;
   tf.regions.push_back({at, obj.size, "pickle"});
   at += obj.size;
+  if (obj.leftover) {
+    tf.model.problems.push_back(
+        {"object pickle",
+         fmt::format("{} values are left unused on the pickle's stack at STOP (a damaged "
+                     "pickle: no pickler writes that)",
+                     obj.leftover)});
+  }
   tf.model.graph = std::move(obj.graph);
   BuildTensorTable(tf.model, /*legacy=*/true);
 

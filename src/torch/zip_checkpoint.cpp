@@ -88,6 +88,13 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
     tf.model.problems.push_back(
         {pkl->name, fmt::format("{} bytes after the pickle's STOP", pb.size() - parsed.end)});
   }
+  if (parsed.leftover) {
+    tf.model.problems.push_back(
+        {pkl->name,
+         fmt::format("{} values are left unused on the pickle's stack at STOP (a damaged pickle: "
+                     "no pickler writes that)",
+                     parsed.leftover)});
+  }
   tf.model.graph = std::move(parsed.graph);
   BuildTensorTable(tf.model, /*legacy=*/false);
 

@@ -173,9 +173,19 @@ std::string Laughs(bool tensor_at_the_bottom) {
   P p;
   p.proto(2).op(']').put(0);
   if (tensor_at_the_bottom) PushTensor(p, 4, 0, 4).op('a');
-  for (uint8_t level = 1; level < 60; ++level)
+  p.op('0');  // each level lives on in the memo only: nothing is left on the stack at STOP
+  for (uint8_t level = 1; level < 60; ++level) {
     p.op('(').get(level - 1).get(level - 1).op('l').put(level);
+    if (level + 1 < 60) p.op('0');
+  }
   return p.stop().bytes();
+}
+
+// What unpicklers ignore and no pickler writes: values left under the result at STOP.
+TEST(TorchZip, ValuesLeftOnTheStackAreAProblem) {
+  std::string pkl = std::string("\x80\x02K\x01}q\x00.", 8);  // 1, then {} as the result
+  Model m = ReadTorchZip(B(Checkpoint(pkl, ""))).model;
+  EXPECT_TRUE(HasProblem(m, "1 values are left unused on the pickle's stack at STOP"));
 }
 
 TEST(TorchZip, SharedReferencesCannotMakeTheWalkExplode) {

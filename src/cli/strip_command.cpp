@@ -80,7 +80,9 @@ int RunStrip(StripCliOptions o) {
     for (const DroppedEntry& d : r.dropped) {
       dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
       if (!o.json)
-        std::cout << Printable(fmt::format("{}: drop {} ({})", r.path, d.path, HumanBytes(d.bytes)))
+        std::cout << Printable(fmt::format("{}: {} {} ({})", r.path,
+                                           r.rewritten ? "dropped" : "would drop", d.path,
+                                           HumanBytes(d.bytes)))
                   << "\n";
     }
     if (o.json) {

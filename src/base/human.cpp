@@ -1,6 +1,7 @@
 #include "base/human.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace ckpt {
 
@@ -19,6 +20,10 @@ std::string HumanBytes(uint64_t bytes) {
 std::string Percent(uint64_t part, uint64_t whole) {
   if (whole == 0) return "0.0%";
   return fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 }  // namespace ckpt

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ckpt {
 
@@ -11,5 +12,8 @@ std::string HumanBytes(uint64_t bytes);
 
 // "12.3%" of `whole` (0 when whole is 0).
 std::string Percent(uint64_t part, uint64_t whole);
+
+// A tensor shape as "[2, 3]" ("[]" for a scalar).
+std::string ShapeText(const std::vector<int64_t>& shape);
 
 }  // namespace ckpt

@@ -10,6 +10,7 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "io/text_file.h"
 #include "ops/tensor_bytes.h"
 
 namespace ckpt::deepspeed {
@@ -211,14 +212,6 @@ std::vector<std::string> Matching(const std::string& folder, std::string_view su
   return out;
 }
 
-std::string ReadTag(const std::string& path) {
-  std::ifstream in(path);
-  std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
-  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.front()))) tag.erase(0, 1);
-  return tag;
-}
-
 }  // namespace
 
 bool LooksLikeZeroCheckpoint(const std::string& path) {
@@ -235,7 +228,7 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   if (!tag.empty()) {
     z.tag = tag;
   } else if (fs::is_regular_file(root / "latest", ec)) {
-    z.tag = ReadTag((root / "latest").string());
+    z.tag = ReadMarkerFile((root / "latest").string());
     if (z.tag.empty()) Fail("{}: the 'latest' file is empty", (root / "latest").string());
   } else if (!Matching(path, "_optim_states.pt").empty()) {
     z.tag = root.filename().string();

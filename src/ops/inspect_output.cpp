@@ -11,10 +11,6 @@ namespace ckpt {
 
 namespace {
 
-std::string Shape(const std::vector<int64_t>& v) {
-  return fmt::format("[{}]", fmt::join(v, ", "));
-}
-
 void RollupTable(std::string& out, const char* title, const char* key_title,
                  const std::vector<Rollup>& rows, size_t top_n) {
   if (rows.empty()) return;
@@ -89,7 +85,7 @@ std::string RenderText(const FileReport& r, size_t top_n) {
     for (size_t i = 0; i < n; ++i) {
       const TensorRow& t = *rows[i];
       out += fmt::format("    {:>12}  {:<9} {:<20} {}{}\n", HumanBytes(t.bytes), t.dtype,
-                         Shape(t.shape), t.name.empty() ? "<root>" : Printable(t.name),
+                         ShapeText(t.shape), t.name.empty() ? "<root>" : Printable(t.name),
                          t.kind == "tensor" ? "" : fmt::format("  ({})", t.kind));
     }
   }

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/names.h"
 #include "io/temp_files.h"
+#include "io/text_file.h"
 #include "ops/checkpoint_file.h"
 #include "ops/strip.h"
 
@@ -27,15 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kTrashPrefix = ".ckptool-trash-";
-
-std::string ReadSmallFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
-  return s;
-}
 
 uint64_t SizeOf(const fs::path& p) {
   std::error_code ec;
@@ -93,12 +85,12 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
   std::set<std::string> out;
   std::error_code ec;
   if (fs::is_regular_file(root / "latest", ec)) {
-    std::string tag = ReadSmallFile(root / "latest");
+    std::string tag = ReadMarkerFile((root / "latest").string());
     out.insert(tag);
     notes.push_back(fmt::format("'latest' names {}", tag));
   }
   if (fs::is_regular_file(root / "latest_checkpointed_iteration.txt", ec)) {
-    std::string it = ReadSmallFile(root / "latest_checkpointed_iteration.txt");
+    std::string it = ReadMarkerFile((root / "latest_checkpointed_iteration.txt").string());
     if (!it.empty() && std::all_of(it.begin(), it.end(), ::isdigit)) {
       std::string name = fmt::format("iter_{:07d}", std::stoull(it));
       out.insert(name);
@@ -116,7 +108,7 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
   }
   for (const fs::path& s : states) {
     try {
-      nlohmann::json j = nlohmann::json::parse(ReadSmallFile(s));
+      nlohmann::json j = nlohmann::json::parse(ReadMarkerFile(s.string()));
       if (j.contains("best_model_checkpoint") && j["best_model_checkpoint"].is_string()) {
         std::string best =
             fs::path(j["best_model_checkpoint"].get<std::string>()).filename().string();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
 #include "torch/global_policy.h"
 
@@ -104,8 +106,10 @@ uint32_t WriteElements(const deepspeed::ZeroCheckpoint& z, const ZeroTensor& t,
                        uint64_t count, AtomicOutput& out, uint64_t dst) {
   constexpr size_t kChunk = 256 << 10;  // elements per step: small, flat memory per thread
   thread_local std::vector<float> wide;
-  thread_local std::vector<uint8_t> narrow;
-  const uint64_t in_size = torch::ElementSize(t.stored), out_size = torch::ElementSize(out_dtype);
+  const uint64_t in_size = torch::ElementSize(t.stored);
+  std::optional<kernels::Half> narrow;
+  if (out_dtype == DType::kBFloat16) narrow = kernels::Half::kBFloat16;
+  if (out_dtype == DType::kFloat16) narrow = kernels::Half::kFloat16;
   uint32_t crc = 0;
   uint64_t written = 0;
   auto it = std::upper_bound(starts.begin(), starts.end(), first);
@@ -118,31 +122,18 @@ uint32_t WriteElements(const deepspeed::ZeroCheckpoint& z, const ZeroTensor& t,
     for (uint64_t e = lo; e < hi;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, hi - e));
       MappedFile::Window w(map, p.offset + e * in_size, n * in_size);
-      Bytes bytes;
-      if (t.stored == out_dtype) {
-        bytes = w.bytes();
-      } else {
-        const uint8_t* src = w.bytes().data();
-        if (t.stored != DType::kFloat32 || out_dtype == DType::kFloat32) {
-          wide.resize(n);
-          ToFloat32(t.stored, src, wide.data(), n);
-          src = reinterpret_cast<const uint8_t*>(wide.data());
-        }
-        if (out_dtype == DType::kFloat32) {
-          bytes = Bytes(src, n * 4);
-        } else {
-          narrow.resize(n * out_size);
-          kernels::ConvertStats stats;
-          kernels::ConvertFloat32(
-              out_dtype == DType::kBFloat16 ? kernels::Half::kBFloat16 : kernels::Half::kFloat16,
-              src, narrow.data(), n, stats);
-          bytes = Bytes(narrow.data(), n * out_size);
-        }
+      // Stored as is, or made float32 first, then (WritePiece) narrowed to 16 bits if asked.
+      Bytes src = w.bytes();
+      if (t.stored != out_dtype && t.stored != DType::kFloat32) {
+        wide.resize(n);
+        ToFloat32(t.stored, src.data(), wide.data(), n);
+        src = Bytes(reinterpret_cast<const uint8_t*>(wide.data()), n * 4);
       }
-      out.Write(dst + written, bytes);
-      uint32_t c = Crc32(0, bytes);
-      crc = written ? Crc32Combine(crc, c, bytes.size()) : c;
-      written += bytes.size();
+      std::optional<kernels::Half> to = t.stored == out_dtype ? std::nullopt : narrow;
+      uint64_t length = to ? src.size() / 2 : src.size();
+      uint32_t c = WritePiece(out, dst + written, src, to, nullptr);
+      crc = written ? Crc32Combine(crc, c, length) : c;
+      written += length;
       e += n;
     }
     pos = starts[k] + hi;

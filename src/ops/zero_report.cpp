@@ -31,12 +31,6 @@ uint64_t TensorBytes(const ZeroTensor& t) {
   return t.numel * torch::ElementSize(t.dtype);
 }
 
-std::string Shape(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // The rank files holding a tensor's pieces, by file name.
 std::vector<std::string> FilesOf(const deepspeed::ZeroCheckpoint& z, const ZeroTensor& t) {
   std::set<size_t> files;
@@ -70,16 +64,18 @@ std::string RenderZeroText(const deepspeed::ZeroCheckpoint& z, size_t top_n) {
       model ? static_cast<double>(z.optimizer_bytes) / static_cast<double>(model) : 0.0);
   std::vector<const ZeroTensor*> rows;
   for (const ZeroTensor& t : z.tensors) rows.push_back(&t);
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const ZeroTensor* a, const ZeroTensor* b) { return TensorBytes(*a) > TensorBytes(*b); });
+  std::stable_sort(rows.begin(), rows.end(), [](const ZeroTensor* a, const ZeroTensor* b) {
+    return TensorBytes(*a) > TensorBytes(*b);
+  });
   size_t n = std::min(top_n, rows.size());
   out += fmt::format("\n  LARGEST PARAMETERS (top {} of {})\n", n, rows.size());
   for (size_t i = 0; i < n; ++i) {
     const ZeroTensor& t = *rows[i];
     std::vector<std::string> files = FilesOf(z, t);
-    out += fmt::format("    {:>12}  {:<9} {:<9} {:<20} {}  ({} file{})\n", HumanBytes(TensorBytes(t)),
-                       torch::Name(t.dtype), KindName(t.kind), Shape(t.shape), Printable(t.name),
-                       files.size(), files.size() == 1 ? "" : "s");
+    out +=
+        fmt::format("    {:>12}  {:<9} {:<9} {:<20} {}  ({} file{})\n", HumanBytes(TensorBytes(t)),
+                    torch::Name(t.dtype), KindName(t.kind), ShapeText(t.shape), Printable(t.name),
+                    files.size(), files.size() == 1 ? "" : "s");
   }
   for (const auto& [alias, owner] : z.aliases) {
     out += fmt::format("  tied: {} = {}\n", Printable(alias), Printable(owner));

@@ -68,7 +68,8 @@ Runner AddExport(CLI::App& app) {
                  "'latest', or a tag folder)")
       ->required();
   app.add_option("--to", o->to,
-                 "Output folder (model.safetensors or shards + index), or a .safetensors file")
+                 "Output folder (model.safetensors or shards + index), a .safetensors file, or "
+                 "(DeepSpeed ZeRO) a torch file: .pt, .pth, .bin, .ckpt")
       ->required();
   app.add_option(
       "--select", o->select,
@@ -86,7 +87,8 @@ Runner AddExport(CLI::App& app) {
       "trainable "
       "parameters in float32 from the optimizer's fp32 partitions, buffers made float32, frozen "
       "parameters "
-      "left in their 16-bit type, tied names as aliases; --dtype converts every floating tensor.");
+      "left in their 16-bit type, tied names as aliases; --dtype converts every floating tensor. "
+      "--to model.pt writes that state dict as one torch file, as zero_to_fp32.py saves it.");
   app.add_option("-j,--threads", o->threads, "Threads")->capture_default_str();
   app.add_flag("--json", o->json, "Print a JSON report");
   return [o] { return RunExport(*o); };

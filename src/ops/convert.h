@@ -26,18 +26,20 @@ struct ConvertOptions {
 struct ConvertResult {
   std::string path;
   std::string output;
-  uint64_t before = 0;           // file sizes
+  uint64_t before = 0;  // file sizes
   uint64_t after = 0;
-  uint64_t storage_bytes = 0;    // tensor data in the output, each storage once
-  uint64_t converted = 0;        // tensors converted
-  uint64_t kept_float32 = 0;     // float32 tensors left as they were
+  uint64_t storage_bytes = 0;  // tensor data in the output, each storage once
+  uint64_t converted = 0;      // tensors converted
+  uint64_t kept_float32 = 0;   // float32 tensors left as they were
   std::vector<std::string> warnings;
 };
 
 // Converts `path` into `output` (never the same file). Throws ckpt::Error.
-ConvertResult ConvertFile(const std::string& path, const std::string& output, const ConvertOptions& o);
+ConvertResult ConvertFile(const std::string& path, const std::string& output,
+                          const ConvertOptions& o);
 
 // Does the tensor with these names and rank get converted under `o`?
-bool SelectedForConversion(const std::vector<std::string>& names, size_t rank, const ConvertOptions& o);
+bool SelectedForConversion(const std::vector<std::string>& names, size_t rank,
+                           const ConvertOptions& o);
 
 }  // namespace ckpt

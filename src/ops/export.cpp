@@ -34,8 +34,8 @@ namespace {
 struct ExportedTensor {
   size_t file = 0;
   size_t tensor = 0;
-  std::string name;   // kept name
-  std::string dtype;  // safetensors dtype written
+  std::string name;                             // kept name
+  torch::DType dtype = torch::DType::kFloat32;  // as written
   bool convert = false;
   uint64_t size = 0;  // bytes written
   uint32_t crc = 0;
@@ -91,10 +91,10 @@ std::string ChooseSelection(const torch::Model& m, const std::string& requested)
 
 // A torch tensor as a safetensors source: contiguous ones are cut into parallel pieces;
 // strided ones are gathered in one go.
-SafetensorsSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
-                           std::optional<kernels::Half> to) {
+TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
+                      std::optional<kernels::Half> to) {
   const torch::Tensor& t = f.torch->model.tensors[it.tensor];
-  SafetensorsSource src{it.name, it.dtype, t.shape, it.size, !IsContiguous(t), nullptr};
+  TensorSource src{it.name, it.dtype, t.shape, it.size, !IsContiguous(t), nullptr};
   std::optional<kernels::Half> convert = it.convert ? to : std::nullopt;
   uint64_t scale = it.convert ? 2 : 1;
   std::string name = it.name;
@@ -175,11 +175,12 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.file = fi;
         it.tensor = ti;
         it.name = shown;
-        it.dtype = std::string(st_dtype);
+        it.dtype = t.dtype;
         it.size = t.numel * torch::ElementSize(t.dtype);
         if (o.to && t.dtype == torch::DType::kFloat32) {
           it.convert = true;
-          it.dtype = *o.to == kernels::Half::kBFloat16 ? "BF16" : "F16";
+          it.dtype =
+              *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
           it.size /= 2;
         }
         items.push_back(it);
@@ -198,7 +199,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     while (aliases.count(kept)) kept = aliases[kept];
   }
   if (items.empty()) Fail("no tensors to export");
-  std::vector<SafetensorsSource> outputs;
+  std::vector<TensorSource> outputs;
   outputs.reserve(items.size());
   for (const ExportedTensor& it : items) outputs.push_back(SourceOf(it, *files[it.file], o.to));
   SafetensorsModelOptions so;

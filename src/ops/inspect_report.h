@@ -62,12 +62,12 @@ struct FileReport {
   Format format = Format::kTorchZip;
   int pickle_protocol = -1;
   uint64_t file_bytes = 0;
-  uint64_t storage_bytes = 0;   // sum of storage sizes
-  uint64_t used_bytes = 0;      // bytes of storages some view uses
-  uint64_t wasted_bytes = 0;    // storage_bytes - used_bytes
-  uint64_t tensor_bytes = 0;    // sum over distinct tensors of numel x element size
+  uint64_t storage_bytes = 0;     // sum of storage sizes
+  uint64_t used_bytes = 0;        // bytes of storages some view uses
+  uint64_t wasted_bytes = 0;      // storage_bytes - used_bytes
+  uint64_t tensor_bytes = 0;      // sum over distinct tensors of numel x element size
   uint64_t distinct_tensors = 0;  // tensors counted once however many names they have
-  uint64_t metadata_bytes = 0;  // everything in the file that is not storage data
+  uint64_t metadata_bytes = 0;    // everything in the file that is not storage data
   // Labelled byte ranges of the file; their sizes add up to file_bytes exactly.
   std::vector<std::pair<std::string, uint64_t>> byte_map;
   std::vector<TensorRow> tensors;  // one row per name (a tensor reachable twice is listed twice)

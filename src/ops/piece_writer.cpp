@@ -7,8 +7,8 @@
 
 namespace ckpt {
 
-uint32_t WritePiece(AtomicOutput& out, uint64_t dst, Bytes src,
-                    std::optional<kernels::Half> to, uint64_t* overflow) {
+uint32_t WritePiece(AtomicOutput& out, uint64_t dst, Bytes src, std::optional<kernels::Half> to,
+                    uint64_t* overflow) {
   if (!to) {
     out.Write(dst, src);
     return Crc32(0, src);

@@ -14,7 +14,7 @@ namespace ckpt {
 
 // Writes `src` at `dst`; with `to`, src holds float32 values and half as many bytes are
 // written. Adds float16 overflows to *overflow. Returns the CRC32 of the bytes written.
-uint32_t WritePiece(AtomicOutput& out, uint64_t dst, Bytes src,
-                    std::optional<kernels::Half> to, uint64_t* overflow);
+uint32_t WritePiece(AtomicOutput& out, uint64_t dst, Bytes src, std::optional<kernels::Half> to,
+                    uint64_t* overflow);
 
 }  // namespace ckpt

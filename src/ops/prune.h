@@ -14,16 +14,16 @@
 namespace ckpt {
 
 struct PruneOptions {
-  uint64_t keep_last = 0;          // must be >= 1
-  uint64_t keep_every = 0;         // 0: off
-  std::vector<std::string> keep;   // name globs always kept
-  uint64_t strip_older = 0;        // 0: off; else strip kept checkpoints older than the newest M
-  bool yes = false;                // false: dry run
+  uint64_t keep_last = 0;         // must be >= 1
+  uint64_t keep_every = 0;        // 0: off
+  std::vector<std::string> keep;  // name globs always kept
+  uint64_t strip_older = 0;       // 0: off; else strip kept checkpoints older than the newest M
+  bool yes = false;               // false: dry run
   unsigned threads = 1;
 };
 
 struct PruneEntry {
-  std::string name;   // entry in ROOT
+  std::string name;  // entry in ROOT
   uint64_t step = 0;
   uint64_t bytes = 0;
   bool keep = false;

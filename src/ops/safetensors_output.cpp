@@ -22,18 +22,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void WriteFile(const std::string& path, std::vector<SafetensorsSource>& tensors,
+void WriteFile(const std::string& path, std::vector<TensorSource>& tensors,
                const std::map<std::string, std::string>& metadata,
                const SafetensorsModelOptions& o) {
   // Widest dtype first, then by name: safetensors' own order, which keeps every tensor aligned.
-  std::stable_sort(
-      tensors.begin(), tensors.end(), [](const SafetensorsSource& a, const SafetensorsSource& b) {
-        uint32_t x = safetensors::DTypeBits(a.dtype), y = safetensors::DTypeBits(b.dtype);
-        return x != y ? x > y : a.name < b.name;
-      });
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [](const TensorSource& a, const TensorSource& b) {
+                     uint32_t x = torch::ElementSize(a.dtype), y = torch::ElementSize(b.dtype);
+                     return x != y ? x > y : a.name < b.name;
+                   });
   std::vector<safetensors::OutTensor> outs;
   outs.reserve(tensors.size());
-  for (const SafetensorsSource& t : tensors) outs.push_back({t.name, t.dtype, t.shape, t.size});
+  for (const TensorSource& t : tensors) {
+    outs.push_back({t.name, std::string(torch::Info(t.dtype).safetensors), t.shape, t.size});
+  }
   safetensors::Layout layout = safetensors::LayOut(outs, metadata);
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(path, layout.total_size);
@@ -41,10 +43,10 @@ void WriteFile(const std::string& path, std::vector<SafetensorsSource>& tensors,
   out.Write(0, AsBytes(layout.header));
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
-  for (const SafetensorsSource& t : tensors) sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
+  for (const TensorSource& t : tensors) sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
   std::vector<uint32_t> crcs =
       ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-        const SafetensorsSource& t = tensors[i];
+        const TensorSource& t = tensors[i];
         return t.whole ? t.write(out, layout.offsets[i], 0, t.size)
                        : t.write(out, layout.offsets[i] + off, off, len);
       });
@@ -61,7 +63,7 @@ void WriteFile(const std::string& path, std::vector<SafetensorsSource>& tensors,
     std::vector<size_t> which;
     for (const safetensors::TensorEntry& e : back.tensors) {
       auto it = index.find(e.name);
-      if (it == index.end() || e.dtype != tensors[it->second].dtype ||
+      if (it == index.end() || e.dtype != torch::Info(tensors[it->second].dtype).safetensors ||
           e.shape != tensors[it->second].shape || e.end - e.begin != tensors[it->second].size) {
         Fail("tensor '{}' is not what was planned", e.name);
       }
@@ -83,19 +85,20 @@ void WriteFile(const std::string& path, std::vector<SafetensorsSource>& tensors,
 
 }  // namespace
 
-SafetensorsModel WriteSafetensorsModel(const std::string& to,
-                                       std::vector<SafetensorsSource> tensors,
+SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<TensorSource> tensors,
                                        const std::map<std::string, std::string>& aliases,
                                        const SafetensorsModelOptions& o) {
   if (tensors.empty()) Fail("no tensors to export");
   std::unordered_set<std::string_view> names;
-  for (const SafetensorsSource& t : tensors) {
+  for (const TensorSource& t : tensors) {
     if (!names.insert(t.name).second) Fail("two different tensors are both named '{}'", t.name);
+    if (torch::Info(t.dtype).safetensors.empty())
+      Fail("tensor '{}': safetensors has no {} dtype", t.name, torch::Name(t.dtype));
   }
   // Shards, in order, as Hugging Face splits them.
-  std::vector<std::vector<SafetensorsSource>> shards(1);
+  std::vector<std::vector<TensorSource>> shards(1);
   uint64_t current = 0;
-  for (SafetensorsSource& t : tensors) {
+  for (TensorSource& t : tensors) {
     if (o.max_shard_size && !shards.back().empty() && current + t.size > o.max_shard_size) {
       shards.emplace_back();
       current = 0;
@@ -114,7 +117,7 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to,
     shard_names.push_back(shards.size() == 1 ? stem + ".safetensors"
                                              : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem,
                                                            si + 1, shards.size()));
-    for (const SafetensorsSource& t : shards[si]) {
+    for (const TensorSource& t : shards[si]) {
       weight_map[t.name] = shard_names.back();
       r.bytes += t.size;
     }
@@ -122,7 +125,7 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to,
   std::vector<std::map<std::string, std::string>> metadata(shards.size());
   std::unordered_map<std::string_view, size_t> shard_of;
   for (size_t si = 0; si < shards.size(); ++si) {
-    for (const SafetensorsSource& t : shards[si]) shard_of.emplace(t.name, si);
+    for (const TensorSource& t : shards[si]) shard_of.emplace(t.name, si);
   }
   for (const auto& [alias, kept] : aliases) {
     auto it = shard_of.find(kept);

@@ -1,7 +1,7 @@
-// The one verified safetensors writer, the twin of TorchRewrite: export (torch files, and
-// DeepSpeed ZeRO folders) and what follows feed it tensors as sources {name, dtype, shape,
-// size, how to produce a byte range}. It lays the file out, writes the tensors in parallel
-// pieces into a temp file, fsyncs, re-reads it and checks every tensor's bytes against the
+// The one verified safetensors writer, the twin of TorchRewrite: export (torch files, DeepSpeed
+// ZeRO and torch.distributed.checkpoint folders) feeds it tensors as sources
+// (ops/tensor_source.h). It lays the file out, writes the tensors in parallel pieces into a
+// temp file, fsyncs, re-reads it and checks every tensor's bytes against the
 // CRCs of what was written, and only then renames it into place. A model too large for one
 // file is split into shards named and indexed as Hugging Face does.
 #pragma once
@@ -13,22 +13,9 @@
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "ops/tensor_source.h"
 
 namespace ckpt {
-
-class AtomicOutput;
-
-struct SafetensorsSource {
-  std::string name;
-  std::string dtype;  // safetensors dtype written ("F32", "BF16"...)
-  std::vector<int64_t> shape;
-  uint64_t size = 0;  // bytes written
-  // Writes output bytes [offset, offset + length) of the tensor at file position `dst` and
-  // returns their CRC32. A source that can only produce its bytes in one go (a strided
-  // gather) sets `whole`; it is then called once, with (0, size).
-  bool whole = false;
-  std::function<uint32_t(AtomicOutput& out, uint64_t dst, uint64_t offset, uint64_t length)> write;
-};
 
 struct SafetensorsModelOptions {
   uint64_t max_shard_size = 0;  // 0: one file
@@ -44,8 +31,7 @@ struct SafetensorsModel {
 // Writes `tensors` to `to`: a folder (model.safetensors, or model-0000i-of-0000n.safetensors
 // shards + model.safetensors.index.json) or a .safetensors file path. `aliases` (alias ->
 // kept name) go into the __metadata__ of the shard holding the kept tensor.
-SafetensorsModel WriteSafetensorsModel(const std::string& to,
-                                       std::vector<SafetensorsSource> tensors,
+SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<TensorSource> tensors,
                                        const std::map<std::string, std::string>& aliases,
                                        const SafetensorsModelOptions& options);
 

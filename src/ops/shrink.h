@@ -13,7 +13,7 @@ struct ShrinkOptions {
   std::string output_dir;  // empty: replace each file in place
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
-  bool materialize = false;  // lay lone non-contiguous views out contiguously
+  bool materialize = false;                     // lay lone non-contiguous views out contiguously
   std::atomic<uint64_t>* bytes_done = nullptr;  // progress, may be null
 };
 

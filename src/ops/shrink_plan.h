@@ -11,9 +11,9 @@ namespace ckpt {
 
 struct ShrinkPlan {
   RewritePlan rewrite;
-  bool changes = false;       // false: the file has nothing to drop
-  uint64_t kept_bytes = 0;    // storage bytes the output keeps
-  uint64_t dropped_bytes = 0; // storage bytes no view reaches (plus unreferenced records)
+  bool changes = false;        // false: the file has nothing to drop
+  uint64_t kept_bytes = 0;     // storage bytes the output keeps
+  uint64_t dropped_bytes = 0;  // storage bytes no view reaches (plus unreferenced records)
 };
 
 // With `materialize`, a non-contiguous view that shares its bytes with no other view is laid

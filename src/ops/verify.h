@@ -16,7 +16,7 @@ struct VerifyResult {
   std::vector<torch::Problem> problems;  // empty: all is well
   std::vector<std::string> notes;        // worth knowing, never a failure
   uint64_t records_checked = 0;
-  uint64_t bytes_checked = 0;            // bytes whose CRC32 was computed
+  uint64_t bytes_checked = 0;  // bytes whose CRC32 was computed
 };
 
 VerifyResult Verify(const CheckpointFile& file, unsigned threads);

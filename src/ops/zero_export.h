@@ -6,9 +6,15 @@
 
 #include <string>
 
+#include "deepspeed/zero_checkpoint.h"
 #include "ops/export.h"
+#include "ops/logical_model.h"
 
 namespace ckpt {
+
+// The consolidated model as logical tensors whose spans are pieces of the rank files (which
+// `z` keeps mapped: it must outlive the model).
+LogicalModel ZeroLogicalModel(const deepspeed::ZeroCheckpoint& z, bool exclude_frozen);
 
 ExportResult ExportZero(const std::string& path, const std::string& to,
                         const ExportOptions& options);

@@ -61,6 +61,38 @@ class ZeroExportTest(CkptTestCase):
                     for alias, owner in fx.aliases.items():
                         self.assertEqual(meta[alias], owner)
 
+    def test_torch_file_output_is_zero_to_fp32s_state_dict(self):
+        """`--to model.pt` writes what zero_to_fp32.py's torch.save(state_dict) gives: the same
+        keys in the same order, bit-identical tensors, tied names one tensor object."""
+        for stage in (1, 2, 3):
+            with self.subTest(stage=stage):
+                root = self.path(f"pt{stage}")
+                fx = zf.make_zero_checkpoint(root, stage, 3, python311_enum=True)
+                expected = zf.reference_consolidate(root)
+                out = self.path(f"pt{stage}.pt")
+                run("export", root, "--to", out)
+                sd = torch.load(out, weights_only=True)
+                self.assertEqual(list(sd.keys()), list(expected.keys()))
+                for name, t in expected.items():
+                    self.assertEqual(sd[name].dtype, t.dtype, name)
+                    self.assertEqual(tuple(sd[name].shape), tuple(t.shape), name)
+                    self.assertTrue(torch.equal(raw(sd[name]), raw(t)), name)
+                self.assertTrue(fx.aliases)
+                for alias, owner in fx.aliases.items():
+                    self.assertIs(sd[alias], sd[owner])
+                # The same through --dtype bf16, and verify calls the new file healthy.
+                out16 = self.path(f"pt{stage}-bf16.pt")
+                run("export", root, "--to", out16, "--dtype", "bf16")
+                sd16 = torch.load(out16, weights_only=True)
+                for name, t in expected.items():
+                    want = t.to(torch.bfloat16) if t.is_floating_point() else t
+                    self.assertTrue(torch.equal(raw(sd16[name]), raw(want)), name)
+                self.assertEqual(run("verify", out16).returncode, 0)
+        p = run("export", self.path("pt1"), "--to", self.path("x.pt"), "--max-shard-size", "1MB", expect=None)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--max-shard-size", p.stderr)
+        self.assertFalse(os.path.exists(self.path("x.pt")))
+
     def test_dtype_frozen_shards_and_tags(self):
         root = self.path("run")
         zf.make_zero_checkpoint(root, 3, 4, dtype=torch.float16)

@@ -1,0 +1,23 @@
+// Writing tensor elements into an output file as another dtype, the way torch's `.to()` makes
+// them: widening to float32 is exact (16-bit floats, integers, bool; float64 rounds to
+// nearest), narrowing to bfloat16/float16 rounds once, from float32 (kernels/float_convert.h),
+// so a 16-bit source is widened first (exact) and then narrowed. Shared by every export.
+#pragma once
+
+#include <cstdint>
+
+#include "base/byte_cursor.h"
+#include "io/atomic_output.h"
+#include "torch/dtype.h"
+
+namespace ckpt {
+
+// Can WriteConverted make `to` out of `from`?
+bool CanConvert(torch::DType from, torch::DType to);
+
+// Writes the elements in `src` (stored as `from`) at `dst` as `to`; returns the CRC32 of the
+// bytes written (src.size() / size(from) * size(to) of them).
+uint32_t WriteConverted(AtomicOutput& out, uint64_t dst, Bytes src, torch::DType from,
+                        torch::DType to);
+
+}  // namespace ckpt

@@ -1,0 +1,98 @@
+#include "ops/logical_export.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "base/error.h"
+#include "io/atomic_output.h"
+#include "io/parallel_crc.h"
+#include "ops/element_convert.h"
+#include "ops/safetensors_output.h"
+#include "ops/torch_output.h"
+
+namespace ckpt {
+
+namespace {
+
+using torch::DType;
+
+// Writes output bytes [offset, offset + length) of `t` (as `to`) at `dst`; returns their CRC.
+uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_t dst,
+                    uint64_t offset, uint64_t length) {
+  constexpr uint64_t kStep = 1 << 20;  // input bytes converted at a time
+  const uint64_t in_size = torch::ElementSize(t.stored), out_size = torch::ElementSize(to);
+  uint32_t crc = 0;
+  uint64_t written = 0;
+  t.read(offset / out_size, length / out_size, [&](Bytes span) {
+    for (uint64_t at = 0; at < span.size();) {
+      uint64_t n = std::min<uint64_t>(span.size() - at, kStep / in_size * in_size);
+      uint32_t c = WriteConverted(out, dst + written, span.subspan(at, n), t.stored, to);
+      uint64_t w = n / in_size * out_size;
+      crc = written ? Crc32Combine(crc, c, w) : c;
+      written += w;
+      at += n;
+    }
+  });
+  if (written != length) Fail("internal: tensor '{}' gave {} of {} bytes", t.name, written, length);
+  return crc;
+}
+
+}  // namespace
+
+bool IsTorchOutputPath(const std::string& to) {
+  for (const char* ext : {".pt", ".pth", ".bin", ".ckpt"}) {
+    if (to.ends_with(ext)) return true;
+  }
+  return false;
+}
+
+ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const ExportOptions& o) {
+  ExportResult r;
+  r.selected = m.description;
+  r.warnings = m.warnings;
+  std::optional<DType> half;
+  if (o.to) half = *o.to == kernels::Half::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  std::vector<TensorSource> outputs;
+  outputs.reserve(m.tensors.size());
+  std::set<std::string_view> written;
+  for (const LogicalTensor& t : m.tensors) {
+    DType out_dtype = t.dtype;
+    if (half && torch::IsFloatingPoint(t.dtype) && CanConvert(t.stored, *half)) out_dtype = *half;
+    if (!CanConvert(t.stored, out_dtype))
+      Fail("tensor '{}': cannot make {} of {}", t.name, torch::Name(out_dtype),
+           torch::Name(t.stored));
+    uint64_t out_size = torch::ElementSize(out_dtype);
+    TensorSource src{t.name, out_dtype, t.shape, t.numel * out_size, false, nullptr};
+    src.write = [&t, out_dtype](AtomicOutput& out, uint64_t dst, uint64_t off, uint64_t len) {
+      return WriteRange(t, out_dtype, out, dst, off, len);
+    };
+    outputs.push_back(std::move(src));
+    written.insert(t.name);
+  }
+  std::map<std::string, std::string> aliases;
+  for (const auto& [alias, owner] : m.aliases) {
+    if (written.count(owner)) aliases[alias] = owner;
+  }
+  r.tensors = outputs.size();
+  r.aliases = aliases.size();
+  if (IsTorchOutputPath(to)) {
+    if (o.max_shard_size) Fail("--max-shard-size applies to safetensors output, not {}", to);
+    TorchOutputOptions to_opts;
+    to_opts.threads = o.threads;
+    to_opts.inputs = m.inputs;
+    r.bytes = WriteTorchModel(to, std::move(outputs), aliases, to_opts);
+    r.files = {to};
+    return r;
+  }
+  SafetensorsModelOptions so;
+  so.max_shard_size = o.max_shard_size;
+  so.threads = o.threads;
+  so.inputs = m.inputs;
+  SafetensorsModel out = WriteSafetensorsModel(to, std::move(outputs), aliases, so);
+  r.files = out.files;
+  r.bytes = out.bytes;
+  return r;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,28 @@
+// A tensor to write, as every output writer (safetensors, torch) takes it: its name, dtype
+// and shape, and a callback that produces any byte range of its row-major contents.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "torch/dtype.h"
+
+namespace ckpt {
+
+class AtomicOutput;
+
+struct TensorSource {
+  std::string name;
+  torch::DType dtype = torch::DType::kFloat32;  // as written
+  std::vector<int64_t> shape;
+  uint64_t size = 0;  // bytes written
+  // Writes output bytes [offset, offset + length) of the tensor at file position `dst` and
+  // returns their CRC32. A source that can only produce its bytes in one go (a strided
+  // gather) sets `whole`; it is then called once, with (0, size).
+  bool whole = false;
+  std::function<uint32_t(AtomicOutput& out, uint64_t dst, uint64_t offset, uint64_t length)> write;
+};
+
+}  // namespace ckpt

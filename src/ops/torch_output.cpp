@@ -1,0 +1,199 @@
+#include "ops/torch_output.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/error.h"
+#include "base/perf.h"
+#include "io/atomic_output.h"
+#include "io/crc32.h"
+#include "io/parallel_crc.h"
+#include "pickle/writer.h"
+#include "torch/torch_file.h"
+#include "zip/zip_writer.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using pickle::Graph;
+using pickle::Kind;
+using pickle::NodeId;
+
+NodeId IntTuple(Graph& g, const std::vector<int64_t>& values) {
+  std::vector<NodeId> items;
+  items.reserve(values.size());
+  for (int64_t v : values) items.push_back(g.AddInt(v));
+  return g.AddTuple(std::move(items));
+}
+
+NodeId Call(Graph& g, NodeId callable, NodeId args) {
+  NodeId n = g.AddCompound(Kind::kObject);
+  pickle::Compound& c = g.mutable_compound(n);
+  c.callable = callable;
+  c.args = args;
+  return n;
+}
+
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;)
+    stride[i - 1] = stride[i] * std::max<int64_t>(shape[i], 1);
+  return stride;
+}
+
+// The pickle torch.save writes for OrderedDict(name -> tensor): storages keyed "0", "1"...
+// in the order of the tensors.
+std::string StateDictPickle(const std::vector<TensorSource>& tensors,
+                            const std::map<std::string, std::string>& aliases) {
+  Graph g;
+  NodeId odict = g.AddGlobal("collections", "OrderedDict");
+  NodeId rebuild = g.AddGlobal("torch._utils", "_rebuild_tensor_v2");
+  NodeId root = Call(g, odict, g.AddTuple({}));
+  NodeId storage_tag = g.AddText(Kind::kStr, "storage");
+  NodeId cpu = g.AddText(Kind::kStr, "cpu");
+  std::unordered_map<std::string_view, NodeId> by_name;
+  std::unordered_map<torch::DType, NodeId> classes;
+  std::vector<NodeId> pairs;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSource& t = tensors[i];
+    const torch::DTypeInfo& info = torch::Info(t.dtype);
+    if (info.storage_class.empty())
+      Fail("tensor '{}': torch has no storage class for {}", t.name, info.name);
+    auto [cls, fresh] = classes.emplace(t.dtype, pickle::kNil);
+    if (fresh) cls->second = g.AddGlobal("torch", info.storage_class);
+    uint64_t numel = t.size / info.element_size;
+    NodeId pid = g.AddTuple({storage_tag, cls->second, g.AddText(Kind::kStr, std::to_string(i)),
+                             cpu, g.AddInt(static_cast<int64_t>(numel))});
+    NodeId args = g.AddTuple({g.AddPersId(pid), g.AddInt(0), IntTuple(g, t.shape),
+                              IntTuple(g, ContiguousStrides(t.shape)), g.AddBool(false),
+                              Call(g, odict, g.AddTuple({}))});
+    NodeId tensor = Call(g, rebuild, args);
+    by_name.emplace(t.name, tensor);
+    pairs.push_back(g.AddText(Kind::kStr, t.name));
+    pairs.push_back(tensor);
+  }
+  for (const auto& [alias, kept] : aliases) {
+    auto it = by_name.find(kept);
+    if (it == by_name.end()) Fail("alias '{}' names '{}', which is not written", alias, kept);
+    pairs.push_back(g.AddText(Kind::kStr, alias));
+    pairs.push_back(it->second);
+  }
+  g.mutable_compound(root).pairs = std::move(pairs);
+  g.root = root;
+  pickle::WriteOptions options;
+  options.protocol = 2;
+  return pickle::Write(g, root, options);
+}
+
+}  // namespace
+
+uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
+                         const std::map<std::string, std::string>& aliases,
+                         const TorchOutputOptions& o) {
+  if (tensors.empty()) Fail("no tensors to export");
+  std::unordered_set<std::string_view> names;
+  for (const TensorSource& t : tensors) {
+    if (!names.insert(t.name).second) Fail("two different tensors are both named '{}'", t.name);
+  }
+  for (const auto& [alias, kept] : aliases) {
+    if (!names.insert(alias).second) Fail("alias '{}' is also a tensor's name", alias);
+  }
+  // torch.save names the top folder after the file (PyTorchStreamWriter: the basename
+  // without its extension).
+  std::string prefix = fs::path(path).stem().string();
+  if (prefix.empty() || prefix.find('/') != std::string::npos) prefix = "archive";
+  const std::string pickle = StateDictPickle(tensors, aliases);
+  std::vector<std::pair<std::string, std::string>> small_before = {{"data.pkl", pickle},
+                                                                   {"byteorder", "little"}};
+  std::vector<zip::RecordSpec> specs;
+  for (const auto& [name, bytes] : small_before)
+    specs.push_back({prefix + "/" + name, bytes.size()});
+  for (size_t i = 0; i < tensors.size(); ++i)
+    specs.push_back({fmt::format("{}/data/{}", prefix, i), tensors[i].size});
+  specs.push_back({prefix + "/version", 2});
+  const std::string version = "3\n";
+  zip::ZipPlan zip = zip::ZipPlan::Layout(specs, 64);
+  const auto& placed = zip.records();
+  const size_t first_tensor = small_before.size();
+
+  PerfTimer timer("write");
+  AtomicOutput out = AtomicOutput::Create(path, zip.total_size());
+  for (const MappedFile* in : o.inputs) out.RequireUnchanged(*in);
+  std::vector<uint32_t> crcs(specs.size(), 0);
+  auto write_small = [&](size_t i, const std::string& bytes) {
+    out.Write(placed[i].data_offset, AsBytes(bytes));
+    crcs[i] = Crc32(0, AsBytes(bytes));
+  };
+  for (size_t i = 0; i < specs.size(); ++i)
+    out.Write(placed[i].header_offset, AsBytes(zip.LocalHeader(i)));
+  for (size_t i = 0; i < first_tensor; ++i) write_small(i, small_before[i].second);
+  write_small(specs.size() - 1, version);
+  std::vector<uint64_t> sizes;
+  uint64_t bytes = 0;
+  for (const TensorSource& t : tensors) {
+    sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
+    bytes += t.size;
+  }
+  std::vector<uint32_t> data_crcs =
+      ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+        const TensorSource& t = tensors[i];
+        uint64_t dst = placed[first_tensor + i].data_offset;
+        return t.whole ? t.write(out, dst, 0, t.size) : t.write(out, dst + off, off, len);
+      });
+  for (size_t i = 0; i < tensors.size(); ++i) crcs[first_tensor + i] = data_crcs[i];
+  for (size_t i = 0; i < specs.size(); ++i)
+    out.Write(placed[i].descriptor_offset, AsBytes(zip.Descriptor(i, crcs[i])));
+  out.Write(zip.directory_offset(), AsBytes(zip.DirectoryAndEnd(crcs)));
+  out.SetDefaultMode();
+  out.Sync();
+
+  MappedFile written = MappedFile::Open(out.temp_path());
+  WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {
+    PerfTimer verify("verify");
+    torch::TorchFile back = torch::ReadTorchZip(written.bytes());
+    const torch::Model& m = back.model;
+    if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
+    if (m.tensors.size() != tensors.size())
+      Fail("{} tensors read back, {} written", m.tensors.size(), tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const torch::Tensor& y = m.tensors[i];
+      const TensorSource& x = tensors[i];
+      std::vector<std::string> expected = {x.name};
+      for (const auto& [alias, kept] : aliases) {
+        if (kept == x.name) expected.push_back(alias);
+      }
+      std::vector<std::string> got = y.names;
+      std::sort(expected.begin(), expected.end());
+      std::sort(got.begin(), got.end());
+      if (got != expected || y.dtype != x.dtype || y.shape != x.shape || y.storage < 0 ||
+          m.storages[y.storage].key != std::to_string(i) ||
+          m.storages[y.storage].nbytes != x.size) {
+        Fail("tensor '{}' is not what was planned", x.name);
+      }
+    }
+    const auto& entries = back.archive->entries();
+    std::vector<uint64_t> entry_sizes;
+    for (const zip::Entry& e : entries) entry_sizes.push_back(e.size);
+    std::vector<uint32_t> back_crcs =
+        ParallelCrc(entry_sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+          MappedFile::Window w(written, entries[i].data_offset + off, len);
+          return Crc32(0, w.bytes());
+        });
+    if (entries.size() != specs.size())
+      Fail("{} records read back, {} written", entries.size(), specs.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].name != specs[i].name || back_crcs[i] != crcs[i])
+        Fail("record '{}' does not hold the bytes written", entries[i].name);
+    }
+  });
+  out.Commit();
+  return bytes;
+}
+
+}  // namespace ckpt

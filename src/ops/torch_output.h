@@ -1,0 +1,30 @@
+// The verified writer of a new torch file from tensors (ops/tensor_source.h), the torch twin
+// of WriteSafetensorsModel: what `torch.save(state_dict, path)` writes for an OrderedDict of
+// contiguous CPU tensors, one storage each (torch 1.13 .. 2.x layout, pickle protocol 2, the
+// records 64-byte aligned), loadable with torch.load(weights_only=True). Aliases become the
+// same tensor object under a second key, as `sd[alias] = sd[owner]` pickles. The file is
+// written in parallel pieces to a temp file, fsynced, read back with ckptool's own reader and
+// checked (names, dtypes, shapes, every record's CRC) before it is renamed into place.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/mapped_file.h"
+#include "ops/tensor_source.h"
+
+namespace ckpt {
+
+struct TorchOutputOptions {
+  unsigned threads = 1;
+  std::vector<const MappedFile*> inputs;  // refused at commit if any changed meanwhile
+};
+
+// Writes `tensors` (in this order, then `aliases`: alias -> kept name) to the file `path`.
+// Returns the tensor bytes written.
+uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
+                         const std::map<std::string, std::string>& aliases,
+                         const TorchOutputOptions& options);
+
+}  // namespace ckpt

@@ -1,5 +1,7 @@
 #include "base/names.h"
 
+#include <cctype>
+
 #include <fnmatch.h>
 
 #include <algorithm>
@@ -126,6 +128,31 @@ bool GlobCanMatchBelow(std::string_view glob, std::string_view path) {
 
 bool IsBelowKeyPath(std::string_view name, std::string_view path) {
   return name.size() > path.size() && name.starts_with(path) && name[path.size()] == '.';
+}
+
+bool DigitAwareLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t i2 = i, j2 = j;
+      while (i2 < a.size() && std::isdigit(static_cast<unsigned char>(a[i2]))) ++i2;
+      while (j2 < b.size() && std::isdigit(static_cast<unsigned char>(b[j2]))) ++j2;
+      std::string_view x = std::string_view(a).substr(i, i2 - i),
+                       y = std::string_view(b).substr(j, j2 - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i2;
+      j = j2;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
 }
 
 }  // namespace ckpt

@@ -19,4 +19,7 @@ bool GlobCanMatchBelow(std::string_view glob, std::string_view path);
 // itself are not)?
 bool IsBelowKeyPath(std::string_view name, std::string_view path);
 
+// Natural order: "rank_2" before "rank_10" (runs of digits compare as numbers).
+bool DigitAwareLess(const std::string& a, const std::string& b);
+
 }  // namespace ckpt

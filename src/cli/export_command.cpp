@@ -50,9 +50,10 @@ int RunExport(const ExportCliOptions& o) {
   }
   std::cout << fmt::format(
       "Exported {} tensors ({}) from {}{} into:\n", r.tensors, HumanBytes(r.bytes),
-      r.selected.empty()                    ? "the whole object"
-      : r.selected.starts_with("DeepSpeed") ? r.selected
-                                            : "'" + r.selected + "'",
+      r.selected.empty() ? "the whole object"
+      : r.selected.starts_with("DeepSpeed") || r.selected.starts_with("torch.")
+          ? r.selected
+          : "'" + r.selected + "'",
       r.aliases ? fmt::format(", {} tied names recorded as aliases", r.aliases) : "");
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
   return 0;

@@ -5,7 +5,9 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "ops/dcp_report.h"
 #include "ops/inspect_output.h"
 #include "ops/zero_report.h"
 
@@ -21,8 +23,9 @@ struct InspectCliOptions {
 
 int RunInspect(const InspectCliOptions& o) {
   int rc = 0;
-  std::vector<std::string> files = ExpandInputs(o.paths);
-  if (files.empty()) {
+  std::vector<std::string> dcp_folders;
+  std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
+  if (files.empty() && dcp_folders.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
@@ -58,6 +61,23 @@ int RunInspect(const InspectCliOptions& o) {
     } catch (const Error& e) {
       PrintError(e.what());
       if (o.json) doc["zero"].push_back({{"folder", path}, {"error", e.what()}});
+      rc = 1;
+    }
+  }
+  // A torch.distributed.checkpoint folder is one checkpoint made of chunk items.
+  for (const std::string& folder : dcp_folders) {
+    try {
+      dcp::Checkpoint c = dcp::OpenDcp(folder);
+      if (o.json) {
+        doc["dcp"].push_back(RenderDcpJson(c));
+      } else {
+        if (!first) std::cout << "\n";
+        std::cout << RenderDcpText(c, o.top);
+        first = false;
+      }
+    } catch (const Error& e) {
+      PrintError(e.what());
+      if (o.json) doc["dcp"].push_back({{"folder", folder}, {"error", e.what()}});
       rc = 1;
     }
   }

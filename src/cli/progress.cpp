@@ -10,7 +10,9 @@
 
 namespace ckpt::cli {
 
-bool StderrIsTerminal() { return ::isatty(STDERR_FILENO) == 1; }
+bool StderrIsTerminal() {
+  return ::isatty(STDERR_FILENO) == 1;
+}
 
 Progress::Progress(std::string label, uint64_t total, bool enabled)
     : label_(std::move(label)), total_(total) {

@@ -24,11 +24,19 @@ struct PruneCliOptions {
 int RunPrune(PruneCliOptions o) {
   PruneResult r = Prune(o.root, o.p);
   if (o.json) {
-    nlohmann::ordered_json j = {{"root", o.root}, {"dry_run", !o.p.yes}, {"bytes_freed", r.bytes_freed},
-                                {"entries", nlohmann::ordered_json::array()}, {"notes", r.notes}};
+    nlohmann::ordered_json j = {{"root", o.root},
+                                {"dry_run", !o.p.yes},
+                                {"bytes_freed", r.bytes_freed},
+                                {"entries", nlohmann::ordered_json::array()},
+                                {"notes", r.notes}};
     for (const PruneEntry& e : r.entries) {
-      j["entries"].push_back({{"name", e.name}, {"step", e.step}, {"bytes", e.bytes}, {"keep", e.keep},
-                              {"complete", e.complete}, {"reason", e.reason}, {"stripped", e.stripped}});
+      j["entries"].push_back({{"name", e.name},
+                              {"step", e.step},
+                              {"bytes", e.bytes},
+                              {"keep", e.keep},
+                              {"complete", e.complete},
+                              {"reason", e.reason},
+                              {"stripped", e.stripped}});
     }
     PrintJson(j);
     return 0;
@@ -50,14 +58,17 @@ int RunPrune(PruneCliOptions o) {
 Runner AddPrune(CLI::App& app) {
   auto o = std::make_shared<PruneCliOptions>();
   app.add_option("root", o->root, "Folder holding the checkpoints")->required();
-  app.add_option("--keep-last", o->p.keep_last, "Keep the newest N checkpoints (N >= 1)")->required();
-  app.add_option("--keep-every", o->p.keep_every, "Also keep every checkpoint whose step is a multiple of K");
+  app.add_option("--keep-last", o->p.keep_last, "Keep the newest N checkpoints (N >= 1)")
+      ->required();
+  app.add_option("--keep-every", o->p.keep_every,
+                 "Also keep every checkpoint whose step is a multiple of K");
   app.add_option("--keep", o->p.keep, "Names (globs) always kept");
   app.add_option("--strip-older", o->p.strip_older,
                  "Keep the newest M whole; strip optimizer state from older kept checkpoints");
   app.add_flag("--yes", o->p.yes, "Really delete (without it: a dry run)");
   app.add_flag("--json", o->json, "Print a JSON report");
-  app.add_option("-j,--threads", o->p.threads, "Threads for --strip-older")->default_val(DefaultThreads());
+  app.add_option("-j,--threads", o->p.threads, "Threads for --strip-older")
+      ->default_val(DefaultThreads());
   return [o] { return RunPrune(*o); };
 }
 

@@ -11,8 +11,10 @@
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "dcp/dcp_checkpoint.h"
 #include "io/parallel.h"
 #include "ops/checkpoint_file.h"
+#include "ops/dcp_strip.h"
 #include "ops/strip.h"
 
 namespace ckpt::cli {
@@ -38,8 +40,10 @@ int RunStrip(StripCliOptions o) {
     PrintError("give checkpoint files or folders to strip");
     return 2;
   }
-  if (!o.output.empty() && (o.paths.size() != 1 || std::filesystem::is_directory(o.paths[0]))) {
-    PrintError("-o names one output file: give exactly one input file");
+  if (!o.output.empty() && (o.paths.size() != 1 || (std::filesystem::is_directory(o.paths[0]) &&
+                                                    !dcp::LooksLikeDcpCheckpoint(o.paths[0])))) {
+    PrintError(
+        "-o names one output: give exactly one input file or torch.distributed.checkpoint folder");
     return 2;
   }
   StripOptions so;
@@ -48,23 +52,45 @@ int RunStrip(StripCliOptions o) {
   so.dry_run = o.dry_run;
   so.output = o.output;
   so.allow_unsafe_globals = o.allow_unsafe_globals;
-  std::vector<std::string> files, training_files;
+  std::vector<std::string> files, training_files, dcp_folders;
   for (const std::string& p : o.paths) {
     if (std::filesystem::is_directory(p)) {
       std::vector<std::string> t = TrainingOnlyFiles(p);
       training_files.insert(training_files.end(), t.begin(), t.end());
-      for (const std::string& f : ExpandInputs({p})) {
+      for (const std::string& f : ExpandInputs({p}, nullptr, &dcp_folders)) {
         if (!IsTrainingOnlyFile(f)) files.push_back(f);
       }
     } else {
       files.push_back(p);
     }
   }
+  // Files beside a torch.distributed.checkpoint folder's items (Megatron's common.pt) are
+  // part of it: its strip copies them as they are.
+  std::erase_if(files, [&](const std::string& f) {
+    std::string parent = std::filesystem::path(f).parent_path().string();
+    return std::any_of(dcp_folders.begin(), dcp_folders.end(), [&](const std::string& d) {
+      std::error_code ec;
+      return std::filesystem::equivalent(d, parent.empty() ? "." : parent, ec);
+    });
+  });
   Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal());
   so.threads = batch.threads_per_file();
   std::vector<StripResult> results(files.size());
   std::vector<std::string> errors =
       batch.Run([&](size_t i) { results[i] = StripFile(files[i], so); });
+  // torch.distributed.checkpoint folders: one at a time, each with every thread.
+  for (const std::string& folder : dcp_folders) {
+    StripOptions dso = so;
+    dso.threads = o.threads;
+    files.push_back(folder);
+    results.emplace_back();
+    errors.emplace_back();
+    try {
+      results.back() = StripDcp(folder, dso);
+    } catch (const std::exception& e) {
+      errors.back() = e.what();
+    }
+  }
   int rc = 0;
   uint64_t before = 0, after = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};

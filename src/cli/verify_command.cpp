@@ -7,8 +7,10 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
+#include "ops/dcp_report.h"
 #include "ops/verify.h"
 
 namespace ckpt::cli {
@@ -22,8 +24,9 @@ struct VerifyCliOptions {
 };
 
 int RunVerify(const VerifyCliOptions& o) {
-  std::vector<std::string> files = ExpandInputs(o.paths);
-  if (files.empty()) {
+  std::vector<std::string> dcp_folders;
+  std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
+  if (files.empty() && dcp_folders.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
@@ -72,10 +75,39 @@ int RunVerify(const VerifyCliOptions& o) {
       ++problems;
     }
   }
+  // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
+  for (const std::string& folder : dcp_folders) {
+    try {
+      dcp::Checkpoint c = dcp::OpenDcp(folder);
+      DcpVerifyResult r = VerifyDcp(c, o.threads);
+      for (const auto& p : r.problems) {
+        std::cout << Printable(fmt::format("{}: {}: {}", folder, p.where, p.what)) << "\n";
+      }
+      problems += r.problems.size();
+      if (!r.problems.empty()) {
+        ++bad_files;
+      } else if (!o.quiet) {
+        std::cout
+            << Printable(fmt::format(
+                   "{}: OK (torch.distributed.checkpoint: {} tensors in {} items of {} files, "
+                   "chunks tile every tensor, {} CRC-checked)",
+                   folder, c.tensors.size(), r.items_checked, c.files.size(),
+                   HumanBytes(r.bytes_checked)))
+            << "\n";
+      }
+      if (!o.quiet) {
+        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+      }
+    } catch (const Error& e) {
+      std::cout << Printable(e.what()) << "\n";
+      ++bad_files;
+      ++problems;
+    }
+  }
   std::cout.flush();
   if (bad_files) {
     std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,
-                             bad_files, files.size());
+                             bad_files, files.size() + dcp_folders.size());
     return 1;
   }
   return 0;

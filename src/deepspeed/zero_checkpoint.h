@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/names.h"
 #include "ops/checkpoint_file.h"
 #include "torch/dtype.h"
 
@@ -82,7 +83,6 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
 // them from memory). Fills stage, world_size, tensors and aliases.
 void Consolidate(ZeroCheckpoint& z);
 
-// Natural order: "rank_2" before "rank_10".
-bool DigitAwareLess(const std::string& a, const std::string& b);
+using ckpt::DigitAwareLess;  // base/names.h
 
 }  // namespace ckpt::deepspeed

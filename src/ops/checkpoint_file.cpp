@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "base/error.h"
 #include "base/perf.h"
+#include "dcp/dcp_checkpoint.h"
 #include "io/temp_files.h"
 #include "zip/zip_archive.h"
 
@@ -86,14 +88,27 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
 }
 
 std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
-                                      std::vector<std::string>* skipped) {
+                                      std::vector<std::string>* skipped,
+                                      std::vector<std::string>* dcp_folders) {
   std::vector<std::string> out;
+  std::map<std::string, bool> is_dcp;  // folder -> holds a DCP checkpoint
+  auto in_dcp_folder = [&](const fs::path& file) {
+    std::string folder = file.parent_path().string();
+    auto [it, fresh] = is_dcp.emplace(folder, false);
+    if (fresh) {
+      it->second = dcp::LooksLikeDcpCheckpoint(folder.empty() ? "." : folder);
+      if (it->second && dcp_folders) dcp_folders->push_back(folder.empty() ? "." : folder);
+    }
+    return it->second && dcp::IsDcpPart(file.string());
+  };
   for (const std::string& input : inputs) {
     std::error_code ec;
     if (!fs::is_directory(input, ec)) {
+      if (dcp::IsDcpPart(input) && in_dcp_folder(fs::path(input))) continue;
       out.push_back(input);
       continue;
     }
+
     std::vector<std::string> found;
     fs::recursive_directory_iterator it(input, fs::directory_options::skip_permission_denied, ec);
     if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
@@ -103,6 +118,7 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       std::string p = it->path().string();
       // ckptool's own temp files (a run killed outright leaves them) are never inputs.
       if (IsTempFileName(it->path().filename().string())) continue;
+      if (in_dcp_folder(it->path())) continue;
       try {
         MappedFile m = MappedFile::Open(p);
         if (DetectFormat(m.bytes())) {

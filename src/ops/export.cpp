@@ -13,11 +13,14 @@
 #include "base/error.h"
 #include "base/names.h"
 #include "base/perf.h"
+#include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "ops/checkpoint_file.h"
+#include "ops/dcp_export.h"
+#include "ops/logical_export.h"
 #include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
 #include "ops/tensor_bytes.h"
@@ -126,6 +129,14 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
                     const ExportOptions& o) {
   if (sources.size() == 1 && deepspeed::LooksLikeZeroCheckpoint(sources[0]))
     return ExportZero(sources[0], to, o);
+  if (sources.size() == 1 && dcp::LooksLikeDcpCheckpoint(sources[0]))
+    return ExportDcp(sources[0], to, o);
+  if (IsTorchOutputPath(to))
+    Fail(
+        "--to {}: a torch file is written from DeepSpeed ZeRO and torch.distributed.checkpoint "
+        "folders; torch files are exported to safetensors (ckptool convert changes a torch "
+        "file's dtypes)",
+        to);
   if (!o.tag.empty() || o.exclude_frozen)
     Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
   ExportResult r;

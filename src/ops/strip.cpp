@@ -22,6 +22,13 @@ namespace fs = std::filesystem;
 using pickle::Kind;
 using pickle::NodeId;
 
+const std::vector<std::string>& OptimizerStateKeys() {
+  static const std::vector<std::string> keys = {
+      "optim",       "optimizer", "optimizers", "optimizer_states", "optimizer_state_dict",
+      "optim_state", "opt_state"};
+  return keys;
+}
+
 const std::vector<std::string>& DefaultDropKeys() {
   static const std::vector<std::string> keys = {
       "optimizer",      "optimizer_states", "optimizer_state_dict", "optim_state",

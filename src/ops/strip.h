@@ -36,6 +36,9 @@ struct StripResult {
 // Top-level keys dropped by default: plain training dicts, PyTorch Lightning .ckpt, DeepSpeed
 // model states.
 const std::vector<std::string>& DefaultDropKeys();
+// Top-level keys of optimizer state in the flat fqns of sharded checkpoints (DCP: torchtitan,
+// FSDP, Megatron, Lightning): what strip drops from them by default.
+const std::vector<std::string>& OptimizerStateKeys();
 
 StripResult StripFile(const std::string& path, const StripOptions& options);
 

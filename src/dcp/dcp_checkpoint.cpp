@@ -1,0 +1,606 @@
+#include "dcp/dcp_checkpoint.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include "base/checked.h"
+#include "base/error.h"
+#include "base/human.h"
+#include "base/names.h"
+#include "torch/torch_file.h"
+
+namespace ckpt::dcp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMaxCells = uint64_t{1} << 22;      // grid cells per tensor
+constexpr uint64_t kObjectSlack = uint64_t{1} << 30;   // a decompressed BYTE_IO item at most
+constexpr uint64_t kTensorSlack = uint64_t{16} << 20;  // archive bytes beyond a chunk's data
+
+void AddProblem(Checkpoint& c, std::string where, std::string what) {
+  c.problems.push_back({std::move(where), std::move(what)});
+}
+
+std::string OffsetsText(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+
+std::string KeyOf(const std::string& fqn, const std::vector<int64_t>& offsets) {
+  std::string k = fqn;
+  k.push_back('\0');
+  for (int64_t o : offsets) k += std::to_string(o) + ",";
+  return k;
+}
+
+// Does `path` stay inside the folder (relative, no "..")?
+bool SafeRelativePath(const std::string& path) {
+  if (path.empty() || path[0] == '/' || path.find('\0') != std::string::npos) return false;
+  for (const auto& part : fs::path(path)) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+// Decompresses a zstd stream into an unlinked temp file (TMPDIR) and maps it; at most
+// `limit` bytes.
+std::unique_ptr<MappedFile> Unzstd(Bytes in, uint64_t limit) {
+  std::string tmpl = (fs::temp_directory_path() / "ckptool-dcp-XXXXXX").string();
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0)
+    Fail("cannot create a temp file in {}: {}", fs::temp_directory_path().string(),
+         std::strerror(errno));
+  struct Closer {
+    int fd;
+    std::string path;
+    ~Closer() {
+      ::close(fd);
+      ::unlink(path.c_str());
+    }
+  } closer{fd, tmpl};
+  std::unique_ptr<ZSTD_DStream, size_t (*)(ZSTD_DStream*)> ds(ZSTD_createDStream(),
+                                                              ZSTD_freeDStream);
+  if (!ds) Fail("out of memory for zstd");
+  ZSTD_initDStream(ds.get());
+  std::vector<uint8_t> buf(ZSTD_DStreamOutSize());
+  ZSTD_inBuffer input{in.data(), in.size(), 0};
+  uint64_t total = 0;
+  size_t last = 1;
+  while (input.pos < input.size || last != 0) {
+    ZSTD_outBuffer out{buf.data(), buf.size(), 0};
+    size_t before = input.pos;
+    last = ZSTD_decompressStream(ds.get(), &out, &input);
+    if (ZSTD_isError(last)) Fail("zstd: {}", ZSTD_getErrorName(last));
+    total += out.pos;
+    if (total > limit) Fail("decompresses to more than {} bytes", limit);
+    for (size_t done = 0; done < out.pos;) {
+      ssize_t w = ::write(fd, buf.data() + done, out.pos - done);
+      if (w < 0) Fail("writing the decompressed item: {}", std::strerror(errno));
+      done += static_cast<size_t>(w);
+    }
+    if (input.pos == input.size && out.pos == 0 && input.pos == before) {
+      if (last != 0) Fail("zstd: the stream ends early");
+      break;
+    }
+  }
+  return std::make_unique<MappedFile>(MappedFile::Open(tmpl));
+}
+
+// The item's archive: its bytes, decompressed when transformed.
+void OpenArchive(Checkpoint& c, Item& item, const StorageEntry& s, uint64_t limit) {
+  DataFile& f = c.files[static_cast<size_t>(item.file)];
+  Bytes raw = f.bytes.subspan(s.offset, s.length);
+  if (s.transforms.empty()) {
+    item.archive = raw;
+    item.map = f.map.get();
+    item.archive_offset = s.offset;
+    return;
+  }
+  if (s.transforms.size() != 1)
+    Fail("{} stream transforms; ckptool reads one (stream.zstd/1)", s.transforms.size());
+  const std::string& t = s.transforms[0];
+  auto slash = t.find('/');
+  std::string name = t.substr(0, slash);
+  std::string version = slash == std::string::npos ? "" : t.substr(slash + 1);
+  if (name != "stream.zstd" || version.substr(0, version.find('.')) != "1")
+    Fail("unsupported stream transform '{}' (ckptool reads stream.zstd/1)", t);
+  item.decompressed = Unzstd(raw, limit);
+  item.archive = item.decompressed->bytes();
+  item.map = item.decompressed.get();
+  item.archive_offset = 0;
+}
+
+// Reads one item's archive and what it holds.
+void ReadItem(Checkpoint& c, Item& item, const EntryMeta* meta, const ChunkMeta* chunk) {
+  const StorageEntry& s = c.meta.storage[item.entry];
+  uint64_t limit = kObjectSlack;
+  if (chunk != nullptr) {
+    uint64_t n = 1;
+    for (int64_t d : chunk->sizes) n = CheckedMul(n, static_cast<uint64_t>(d));
+    limit = CheckedAdd(CheckedMul(n, torch::ElementSize(meta->dtype)), kTensorSlack);
+  }
+  OpenArchive(c, item, s, limit);
+  torch::TorchFile tf = torch::ReadTorchZip(item.archive);
+  const torch::Model& m = tf.model;
+  if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
+  if (chunk == nullptr) {  // BYTE_IO: a torch.save'd object
+    item.scan = torch::ScanPickle(m.graph);
+    for (const torch::Storage& st : m.storages) item.tensor_bytes += st.nbytes;
+    item.readable = true;
+    return;
+  }
+  if (m.tensors.size() != 1 || m.tensors[0].node != m.graph.root)
+    Fail("the item is not one tensor ({} tensors)", m.tensors.size());
+  const torch::Tensor& t = m.tensors[0];
+  if (t.storage < 0) Fail("the item's tensor has no storage");
+  const torch::Storage& st = m.storages[t.storage];
+  if (!st.present || st.compressed) Fail("the item's storage record is missing or compressed");
+  item.dtype = t.dtype;
+  item.shape = t.shape;
+  item.stride = t.stride;
+  item.data = st.data_offset + static_cast<uint64_t>(t.offset) * torch::ElementSize(t.dtype);
+  if (t.dtype != meta->dtype)
+    Fail("the item holds {}, the metadata says {}", torch::Name(t.dtype), torch::Name(meta->dtype));
+  if (t.shape != chunk->sizes)
+    Fail("the item's shape is {}, the chunk's {}", OffsetsText(t.shape), OffsetsText(chunk->sizes));
+  if (t.numel > 0 && (st.data_offset + t.byte_begin != item.data || t.byte_end > st.nbytes))
+    Fail("the item's tensor reaches outside its storage");
+  for (int64_t x : t.stride) {
+    if (x < 0) Fail("the item's tensor has a negative stride");
+  }
+  item.readable = true;
+}
+
+// Cuts the tensor into the grid of its chunks' boundaries and checks that the chunks tile it.
+void BuildGrid(Checkpoint& c, Tensor& t) {
+  const size_t dims = t.shape.size();
+  t.cuts.assign(dims, {});
+  for (size_t d = 0; d < dims; ++d) {
+    auto& cuts = t.cuts[d];
+    cuts = {0, t.shape[d]};
+    for (const Chunk& ch : t.chunks) {
+      cuts.push_back(ch.meta.offsets[d]);
+      cuts.push_back(ch.meta.offsets[d] + ch.meta.sizes[d]);
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  }
+  uint64_t cells = 1;
+  for (const auto& cuts : t.cuts) {
+    cells = CheckedMul(cells, static_cast<uint64_t>(cuts.size() - 1));
+    if (cells > kMaxCells) {
+      AddProblem(
+          c, t.fqn,
+          fmt::format("its {} chunks cut it into more than {} pieces", t.chunks.size(), kMaxCells));
+      return;
+    }
+  }
+  t.cell_chunk.assign(cells, -1);
+  bool ok = true;
+  uint64_t marked = 0;
+  for (size_t k = 0; k < t.chunks.size() && ok; ++k) {
+    const ChunkMeta& m = t.chunks[k].meta;
+    bool empty = false;
+    for (size_t d = 0; d < dims; ++d) empty = empty || m.sizes[d] == 0;
+    if (empty) continue;
+    std::vector<size_t> lo(dims), hi(dims), at(dims);
+    for (size_t d = 0; d < dims; ++d) {
+      const auto& cuts = t.cuts[d];
+      lo[d] = static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), m.offsets[d]) -
+                                  cuts.begin());
+      hi[d] = static_cast<size_t>(
+          std::lower_bound(cuts.begin(), cuts.end(), m.offsets[d] + m.sizes[d]) - cuts.begin());
+      at[d] = lo[d];
+    }
+    while (true) {
+      uint64_t flat = 0;
+      for (size_t d = 0; d < dims; ++d) flat = flat * (t.cuts[d].size() - 1) + at[d];
+      if (t.cell_chunk[flat] >= 0) {
+        AddProblem(
+            c, t.fqn,
+            fmt::format("chunks at {} and {} overlap",
+                        OffsetsText(t.chunks[static_cast<size_t>(t.cell_chunk[flat])].meta.offsets),
+                        OffsetsText(m.offsets)));
+        ok = false;
+        break;
+      }
+      t.cell_chunk[flat] = static_cast<int32_t>(k);
+      ++marked;
+      size_t d = dims;
+      while (d > 0 && ++at[d - 1] == hi[d - 1]) {
+        at[d - 1] = lo[d - 1];
+        --d;
+      }
+      if (d == 0) break;
+    }
+  }
+  if (!ok) return;
+  if (marked != cells) {
+    // Name the first hole: the first cell no chunk covers.
+    uint64_t flat = static_cast<uint64_t>(std::find(t.cell_chunk.begin(), t.cell_chunk.end(), -1) -
+                                          t.cell_chunk.begin());
+    std::vector<int64_t> where(dims);
+    for (size_t d = dims; d-- > 0;) {
+      uint64_t n = t.cuts[d].size() - 1;
+      where[d] = t.cuts[d][flat % n];
+      flat /= n;
+    }
+    AddProblem(c, t.fqn,
+               fmt::format("no chunk covers the elements at {}: the chunks leave a hole",
+                           OffsetsText(where)));
+    return;
+  }
+  t.complete = true;
+}
+
+void Resolve(Checkpoint& c) {
+  const Metadata& md = c.meta;
+  std::unordered_map<std::string, size_t> file_index;
+  for (size_t i = 0; i < c.files.size(); ++i) file_index.emplace(c.files[i].name, i);
+  std::unordered_map<std::string, size_t> by_key;  // (fqn, offsets) -> storage entry
+  std::vector<std::pair<size_t, size_t>> copies;   // (entry, the first entry of its key)
+  c.items.resize(md.storage.size());
+  for (size_t i = 0; i < md.storage.size(); ++i) {
+    const StorageEntry& s = md.storage[i];
+    c.items[i].entry = i;
+    auto [k, fresh] = by_key.emplace(KeyOf(s.fqn, s.offsets), i);
+    // Per-rank metadata files each list the replicated values their rank wrote: copies.
+    if (!fresh) copies.emplace_back(i, k->second);
+    auto f = file_index.find(s.path);
+    if (f != file_index.end()) c.items[i].file = static_cast<int32_t>(f->second);
+  }
+  std::vector<bool> used(md.storage.size(), false);
+  auto read = [&](Item& item, const EntryMeta& e, const ChunkMeta* chunk) {
+    const StorageEntry& s = md.storage[item.entry];
+    std::string where =
+        chunk ? fmt::format("{} chunk {}", e.fqn, OffsetsText(chunk->offsets)) : e.fqn;
+    if (item.file < 0) return;  // the missing file is reported once, with what it holds
+    DataFile& f = c.files[static_cast<size_t>(item.file)];
+    f.items++;
+    f.item_bytes += s.length;
+    if (s.offset > f.bytes.size() || s.length > f.bytes.size() - s.offset) {
+      AddProblem(c, where,
+                 fmt::format("its item [{}, {}) of {} lies beyond the end of the file ({} bytes): "
+                             "the file is truncated",
+                             s.offset, s.offset + s.length, s.path, f.bytes.size()));
+      return;
+    }
+    try {
+      ReadItem(c, item, &e, chunk);
+    } catch (const Error& err) {
+      AddProblem(c, where, fmt::format("item at {} of {}: {}", s.offset, s.path, err.what()));
+    }
+  };
+  for (const EntryMeta& e : md.entries) {
+    if (e.bytes) {
+      Object o{e.fqn, -1};
+      auto it = by_key.find(KeyOf(e.fqn, {}));
+      if (it == by_key.end()) {
+        AddProblem(c, e.fqn, "no storage_data entry for this object");
+      } else {
+        o.item = static_cast<int32_t>(it->second);
+        used[it->second] = true;
+        read(c.items[it->second], e, nullptr);
+      }
+      c.objects.push_back(std::move(o));
+      continue;
+    }
+    Tensor t;
+    t.fqn = e.fqn;
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.numel = 1;
+    for (int64_t d : e.shape) t.numel = CheckedMul(t.numel, static_cast<uint64_t>(d));
+    bool readable = true;
+    for (const ChunkMeta& cm : e.chunks) {
+      Chunk ch{cm, -1};
+      for (size_t d = 0; d < e.shape.size(); ++d) {
+        if (cm.offsets[d] > e.shape[d] || cm.sizes[d] > e.shape[d] - cm.offsets[d]) {
+          AddProblem(
+              c, e.fqn,
+              fmt::format("the chunk at {} of size {} reaches outside its shape {}",
+                          OffsetsText(cm.offsets), OffsetsText(cm.sizes), OffsetsText(e.shape)));
+          readable = false;
+        }
+      }
+      auto it = by_key.find(KeyOf(e.fqn, cm.offsets));
+      if (it == by_key.end()) {
+        AddProblem(
+            c, e.fqn,
+            fmt::format("no storage_data entry for the chunk at {}", OffsetsText(cm.offsets)));
+        readable = false;
+      } else {
+        ch.item = static_cast<int32_t>(it->second);
+        used[it->second] = true;
+        Item& item = c.items[it->second];
+        read(item, e, &cm);
+        readable = readable && item.readable;
+      }
+      t.chunks.push_back(std::move(ch));
+    }
+    if (readable) BuildGrid(c, t);
+    c.tensors.push_back(std::move(t));
+  }
+  // Copies are read and checked like the first one (verify checks their CRCs too).
+  std::unordered_map<std::string, std::pair<const EntryMeta*, const ChunkMeta*>> meta_of;
+  for (const EntryMeta& e : md.entries) {
+    if (e.bytes) meta_of.emplace(KeyOf(e.fqn, {}), std::make_pair(&e, nullptr));
+    for (const ChunkMeta& cm : e.chunks)
+      meta_of.emplace(KeyOf(e.fqn, cm.offsets), std::make_pair(&e, &cm));
+  }
+  for (const auto& [i, first] : copies) {
+    if (!used[first]) continue;
+    used[i] = true;
+    const StorageEntry& s = md.storage[i];
+    auto it = meta_of.find(KeyOf(s.fqn, s.offsets));
+    if (it != meta_of.end()) read(c.items[i], *it->second.first, it->second.second);
+  }
+  for (size_t i = 0; i < md.storage.size(); ++i) {
+    if (!used[i]) {
+      AddProblem(c, md.storage[i].fqn,
+                 fmt::format("the item at {} of {} belongs to nothing in state_dict_metadata",
+                             md.storage[i].offset, md.storage[i].path));
+    }
+  }
+  // Missing files, with what they take along.
+  std::map<std::string, std::vector<std::string>> missing;
+  for (const StorageEntry& s : md.storage) {
+    if (!file_index.count(s.path)) {
+      auto& names = missing[s.path];
+      if (names.empty() || names.back() != s.fqn) names.push_back(s.fqn);
+    }
+  }
+  for (auto& [path, names] : missing) {
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    AddProblem(c, path,
+               fmt::format("missing; {} tensors and objects lose items with it", names.size()));
+    for (const std::string& name : names)
+      AddProblem(c, name, fmt::format("its items in {} are missing", path));
+  }
+  // Every byte of every file belongs to exactly one item.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(c.files.size());
+  for (const Item& item : c.items) {
+    if (item.file < 0) continue;
+    const StorageEntry& s = md.storage[item.entry];
+    spans[static_cast<size_t>(item.file)].emplace_back(s.offset, s.offset + s.length);
+  }
+  for (size_t fi = 0; fi < c.files.size(); ++fi) {
+    auto& v = spans[fi];
+    std::sort(v.begin(), v.end());
+    uint64_t at = 0, size = c.files[fi].bytes.size();
+    for (const auto& [b, e] : v) {
+      if (b < at) {
+        AddProblem(c, c.files[fi].name, fmt::format("items overlap at byte {}", b));
+      } else if (b > at) {
+        AddProblem(c, c.files[fi].name,
+                   fmt::format("bytes [{}, {}) belong to no item", at, std::min(b, size)));
+      }
+      at = std::max(at, e);
+    }
+    if (at < size)
+      AddProblem(c, c.files[fi].name, fmt::format("bytes [{}, {}) belong to no item", at, size));
+  }
+}
+
+// Merges per-rank metadata files into one view (writers without collectives).
+void Merge(Metadata& into, Metadata from) {
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < into.entries.size(); ++i) index.emplace(into.entries[i].fqn, i);
+  for (EntryMeta& e : from.entries) {
+    auto it = index.find(e.fqn);
+    if (it == index.end()) {
+      index.emplace(e.fqn, into.entries.size());
+      into.entries.push_back(std::move(e));
+      continue;
+    }
+    EntryMeta& x = into.entries[it->second];
+    if (x.bytes != e.bytes || x.dtype != e.dtype || x.shape != e.shape)
+      Fail("'{}' is described differently by two metadata files", e.fqn);
+    for (ChunkMeta& cm : e.chunks) {
+      bool seen = false;
+      for (const ChunkMeta& y : x.chunks)
+        seen = seen || (y.offsets == cm.offsets && y.sizes == cm.sizes);
+      if (!seen) x.chunks.push_back(std::move(cm));
+    }
+  }
+  for (StorageEntry& s : from.storage) {
+    s.info = pickle::kNil;  // not in `into`'s graph
+    into.storage.push_back(std::move(s));
+  }
+  into.scan.findings.insert(into.scan.findings.end(), from.scan.findings.begin(),
+                            from.scan.findings.end());
+  into.scan.names.insert(into.scan.names.end(), from.scan.names.begin(), from.scan.names.end());
+}
+
+std::vector<std::string> MetadataFiles(const std::string& folder) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(folder) / ".metadata", ec)) return {".metadata"};
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.starts_with("__") && n.ends_with(".metadata") && e.is_regular_file(ec)) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end(), DigitAwareLess);
+  return out;
+}
+
+}  // namespace
+
+bool LooksLikeDcpCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || MetadataFiles(path).empty()) return false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    if (e.path().extension() == ".distcp") return true;
+  }
+  return false;
+}
+
+bool IsDcpPart(const std::string& path) {
+  fs::path p(path);
+  std::string n = p.filename().string();
+  return p.extension() == ".distcp" || n == ".metadata" ||
+         (n.starts_with("__") && n.ends_with(".metadata"));
+}
+
+Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files) {
+  Checkpoint c;
+  c.metadata_files = {".metadata"};
+  c.metadata_bytes = metadata.size();
+  c.meta = WithContext(".metadata", [&] { return ParseMetadata(metadata); });
+  for (const auto& [name, bytes] : files) c.files.push_back({name, nullptr, bytes, 0, 0});
+  Resolve(c);
+  return c;
+}
+
+Checkpoint OpenDcp(const std::string& folder) {
+  return WithContext(folder, [&] {
+    Checkpoint c;
+    c.folder = folder;
+    c.metadata_files = MetadataFiles(folder);
+    if (c.metadata_files.empty())
+      Fail("no .metadata file: not a torch.distributed.checkpoint folder");
+    for (size_t i = 0; i < c.metadata_files.size(); ++i) {
+      const std::string& name = c.metadata_files[i];
+      MappedFile m = MappedFile::Open((fs::path(folder) / name).string());
+      c.metadata_bytes += m.size();
+      Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
+      if (i == 0) {
+        c.meta = std::move(md);
+      } else {
+        Merge(c.meta, std::move(md));
+      }
+    }
+    std::vector<std::string> paths;
+    for (const StorageEntry& s : c.meta.storage) paths.push_back(s.path);
+    std::sort(paths.begin(), paths.end(), DigitAwareLess);
+    paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+    for (const std::string& p : paths) {
+      if (!SafeRelativePath(p))
+        Fail("storage_data names the file '{}', which is outside the folder", p);
+      std::string full = (fs::path(folder) / p).string();
+      std::error_code ec;
+      if (!fs::is_regular_file(full, ec)) continue;  // Resolve reports it with its tensors
+      auto map = std::make_unique<MappedFile>(MappedFile::Open(full));
+      Bytes b = map->bytes();
+      c.files.push_back({p, std::move(map), b, 0, 0});
+    }
+    Resolve(c);
+    return c;
+  });
+}
+
+LogicalModel DcpLogicalModel(const Checkpoint& c) {
+  LogicalModel m;
+  m.description = fmt::format("torch.distributed.checkpoint folder, {} files", c.files.size());
+  for (const DataFile& f : c.files) {
+    if (f.map) m.inputs.push_back(f.map.get());
+  }
+  for (const Tensor& t : c.tensors) {
+    if (!t.complete) continue;
+    LogicalTensor lt{t.fqn, t.dtype, t.dtype, t.shape, t.numel, nullptr};
+    lt.read = [&c, &t](uint64_t first, uint64_t count, const SpanSink& sink) {
+      const size_t dims = t.shape.size();
+      const uint64_t esize = torch::ElementSize(t.dtype);
+      // Runs shorter than this are gathered into a staging buffer, so a column-sharded
+      // tensor does not become one write per row.
+      constexpr uint64_t kDirect = 64 << 10, kStage = 1 << 20;
+      if (count == 0) return;
+      thread_local std::vector<uint8_t> stage;
+      stage.clear();
+      // Mapped bytes read through the staging buffer, per item, dropped from the resident
+      // set at the end so that streaming keeps memory flat.
+      std::unordered_map<const Item*, std::pair<uint64_t, uint64_t>> touched;
+      auto touch = [&](const Item& item, uint64_t lo, uint64_t hi) {
+        if (item.map == nullptr) return;
+        auto [it, fresh] = touched.try_emplace(&item, lo, hi);
+        it->second.first = std::min(it->second.first, lo);
+        it->second.second = std::max(it->second.second, hi);
+      };
+      auto flush = [&] {
+        if (!stage.empty()) sink(Bytes(stage.data(), stage.size()));
+        stage.clear();
+      };
+      std::vector<int64_t> idx(dims);
+      uint64_t rest = first;
+      for (size_t d = dims; d-- > 0;) {
+        idx[d] = static_cast<int64_t>(rest % static_cast<uint64_t>(t.shape[d]));
+        rest /= static_cast<uint64_t>(t.shape[d]);
+      }
+      while (count > 0) {
+        uint64_t flat = 0;
+        for (size_t d = 0; d < dims; ++d) {
+          const auto& cuts = t.cuts[d];
+          size_t cell = static_cast<size_t>(std::upper_bound(cuts.begin(), cuts.end(), idx[d]) -
+                                            cuts.begin()) -
+                        1;
+          flat = flat * (cuts.size() - 1) + cell;
+        }
+        const Chunk& ch = t.chunks[static_cast<size_t>(t.cell_chunk[flat])];
+        const Item& item = c.items[static_cast<size_t>(ch.item)];
+        uint64_t run = 1;
+        int64_t inner_stride = 1;
+        uint64_t local = 0;
+        for (size_t d = 0; d < dims; ++d) {
+          local += static_cast<uint64_t>(idx[d] - ch.meta.offsets[d]) *
+                   static_cast<uint64_t>(item.stride[d]);
+        }
+        if (dims > 0) {
+          run = std::min<uint64_t>(
+              count, static_cast<uint64_t>(ch.meta.offsets[dims - 1] + ch.meta.sizes[dims - 1] -
+                                           idx[dims - 1]));
+          inner_stride = item.stride[dims - 1];
+        }
+        const uint64_t base = item.data + local * esize;
+        if (inner_stride == 1 || run == 1) {
+          uint64_t bytes = run * esize;
+          if (bytes >= kDirect && item.map != nullptr) {
+            flush();
+            MappedFile::Window w(*item.map, item.archive_offset + base, bytes);
+            sink(w.bytes());
+          } else {
+            if (stage.size() + bytes > kStage) flush();
+            if (bytes > kStage) {
+              sink(item.archive.subspan(base, bytes));
+            } else {
+              stage.insert(stage.end(), item.archive.begin() + static_cast<ptrdiff_t>(base),
+                           item.archive.begin() + static_cast<ptrdiff_t>(base + bytes));
+            }
+            touch(item, base, base + bytes);
+          }
+        } else {
+          for (uint64_t e = 0; e < run; ++e) {
+            if (stage.size() + esize > kStage) flush();
+            uint64_t at = base + e * static_cast<uint64_t>(inner_stride) * esize;
+            stage.insert(stage.end(), item.archive.begin() + static_cast<ptrdiff_t>(at),
+                         item.archive.begin() + static_cast<ptrdiff_t>(at + esize));
+            touch(item, at, at + esize);
+          }
+        }
+        count -= run;
+        if (dims == 0) break;
+        idx[dims - 1] += static_cast<int64_t>(run);
+        for (size_t d = dims; d-- > 1 && idx[d] == t.shape[d];) {
+          idx[d] = 0;
+          ++idx[d - 1];
+        }
+      }
+      flush();
+      for (const auto& [item, range] : touched)
+        item->map->Release(item->archive_offset + range.first, range.second - range.first);
+    };
+    m.tensors.push_back(std::move(lt));
+  }
+  return m;
+}
+
+}  // namespace ckpt::dcp

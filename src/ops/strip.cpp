@@ -14,13 +14,13 @@
 #include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
-#include "pickle/path_budget.h"
+#include "pickle/path_walker.h"
 
 namespace ckpt {
 
 namespace fs = std::filesystem;
-using pickle::Kind;
 using pickle::NodeId;
+using pickle::PathWalker;
 
 const std::vector<std::string>& OptimizerStateKeys() {
   static const std::vector<std::string> keys = {
@@ -67,18 +67,54 @@ bool IsTensorCall(const pickle::Graph& g, NodeId n) {
   return m == "torch._utils" || m == "torch._tensor";
 }
 
+// Could a --keep glob match some key path below `path`?
+bool CanKeepBelow(const StripOptions& o, const std::string& path) {
+  for (const std::string& k : o.keep) {
+    if (GlobCanMatchBelow(k, path)) return true;
+  }
+  return false;
+}
+
+// Does some key path below the walker's path match a --keep glob? Probes below a node (a
+// PathWalker::Probe) only where a keep glob can still match, and stops at the first match.
+class KeepProbe final : private PathWalker::Client {
+ public:
+  KeepProbe(const pickle::Graph& g, const StripOptions& o, PathWalker& w) : g_(g), o_(o), w_(w) {}
+
+  bool KeepsSomethingBelow(NodeId n) { return CanKeepBelow(o_, w_.path()) && w_.Probe(n, *this); }
+
+ private:
+  void Node(NodeId n, bool) override {
+    if (IsTensorCall(g_, n)) return;
+    auto judge = [this](size_t) {
+      if (MatchesAnyGlob(o_.keep, w_.path())) {
+        w_.Stop();
+        return false;
+      }
+      return CanKeepBelow(o_, w_.path());
+    };
+    w_.Entries(n, judge);
+    w_.Items(n, judge);
+    w_.States(n, PathWalker::StateParts::kAtObjectPath);
+  }
+
+  const pickle::Graph& g_;
+  const StripOptions& o_;
+  PathWalker& w_;
+};
+
 // Removes matching dict entries (and object attributes) from the graph. A dict reachable by
 // several paths is one dict (torch.load returns one object), so an entry goes only when some
 // path wants it dropped and no path protects it: the graph is first walked by every path
-// (within a PathBudget) to judge each entry, then the entries judged dropped are removed.
-class Dropper {
+// (a PathWalker, within its PathBudget) to judge each entry, then the entries judged dropped
+// are removed.
+class Dropper final : private PathWalker::Client {
  public:
   Dropper(pickle::Graph& g, const StripOptions& o)
-      : g_(g), o_(o), on_path_(g.nodes.size(), false), seen_(g.nodes.size(), false) {}
+      : g_(g), o_(o), walker_(g), keep_probe_(g, o, walker_) {}
 
   std::vector<std::string> Run() {
-    std::string path;
-    Visit(g_.root, path, 0);
+    walker_.Run(g_.root, *this);
     std::vector<std::string> dropped;
     for (const auto& [entry, path_index] : wanted_order_) {
       if (protected_.count(entry)) continue;
@@ -104,132 +140,48 @@ class Dropper {
   }
 
  private:
-  bool WantsDrop(const std::string& path, uint32_t depth) const {
+  // The default drops are top-level keys: paths one key long, however many BUILD states
+  // lead to the dict that holds them (the attributes of a top-level object are top-level).
+  bool WantsDrop(const std::string& path, uint32_t key_depth) const {
     return o_.drop.empty()
-               ? depth == 0 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
-                                         path) != DefaultDropKeys().end()
+               ? key_depth == 1 && std::find(DefaultDropKeys().begin(), DefaultDropKeys().end(),
+                                             path) != DefaultDropKeys().end()
                : MatchesAnyGlob(o_.drop, path);
   }
 
-  void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (n == pickle::kNil || !g_.has_compound(n) || on_path_[n] || IsTensorCall(g_, n)) {
-      budget_.Step();
-      return;
-    }
-    bool outer = budget_.Enter(seen_[n]);
-    seen_[n] = true;
-    VisitNode(n, path, depth);
-    budget_.Leave(outer);
-  }
-
-  void VisitNode(NodeId n, std::string& path, uint32_t depth) {
-    if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
-    on_path_[n] = true;
-    size_t base = path.size();
-    auto join = [&](const std::string& part) {
-      budget_.Step();
-      budget_.PathBytes(part.size());
-      path.resize(base);
-      if (!path.empty()) path.push_back('.');
-      path += part;
-    };
+  void Node(NodeId n, bool) override {
+    if (IsTensorCall(g_, n)) return;
     // The default drops are top-level keys: nothing below them needs walking.
     bool descend = !o_.drop.empty();
-    const std::vector<NodeId> pairs = g_.compound(n).pairs;
-    std::vector<bool> dropped_here(pairs.size() / 2, false);
-    for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-      join(g_.KeyText(pairs[i]));
-      uint64_t entry = (uint64_t{n} << 32) | i;
-      bool keep = MatchesAnyGlob(o_.keep, path);
-      bool drop = !keep && WantsDrop(path, depth);
-      if (drop && KeepsSomethingBelow(pairs[i + 1], path, depth + 1)) {
-        drop = false;  // it stays; what below it is not kept goes
-        keep = true;
-      }
-      if (keep) protected_.insert(entry);
-      if (drop && wanted_seen_.insert(entry).second) {
-        wanted_order_.emplace_back(entry, wanted_paths_.size());
-        wanted_paths_.push_back(path);
-      }
-      dropped_here[i / 2] = drop;
-    }
     // Below an entry this path drops, nothing more is reached through this path.
-    for (size_t i = 0; descend && i + 1 < pairs.size(); i += 2) {
-      if (dropped_here[i / 2]) continue;
-      join(g_.KeyText(pairs[i]));
-      Visit(pairs[i + 1], path, depth + 1);
-    }
-    const std::vector<NodeId> items = g_.compound(n).items;
-    for (size_t i = 0; descend && i < items.size(); ++i) {
-      join(std::to_string(i));
-      Visit(items[i], path, depth + 1);
-    }
-    path.resize(base);
-    if (g_.kind(n) == Kind::kObject) {
-      for (NodeId st : std::vector<NodeId>(g_.compound(n).states)) {
-        if (g_.kind(st) == Kind::kTuple) {
-          for (NodeId part : std::vector<NodeId>(g_.items(st))) Visit(part, path, depth);
-        } else {
-          Visit(st, path, depth);
-        }
-      }
-    }
-    path.resize(base);
-    on_path_[n] = false;
+    walker_.Entries(n, [&](size_t i) { return !Judge(n, i) && descend; });
+    if (descend) walker_.Items(n);
+    walker_.States(n, PathWalker::StateParts::kAtObjectPath);
   }
 
-  // Does some key path below `path` (through `n`) match a --keep glob? Walks only where a
-  // keep glob can still match.
-  bool KeepsSomethingBelow(NodeId n, std::string& path, uint32_t depth) {
-    if (o_.keep.empty() || n == pickle::kNil || !g_.has_compound(n) || on_path_[n] ||
-        IsTensorCall(g_, n)) {
-      return false;
+  // Entry `i` of `n` (its key pairs[i]), the walker's path ending in its key: is it kept,
+  // wanted dropped, or neither? Returns whether this path drops it.
+  bool Judge(NodeId n, size_t i) {
+    const std::string& path = walker_.path();
+    uint64_t entry = (uint64_t{n} << 32) | i;
+    bool keep = MatchesAnyGlob(o_.keep, path);
+    bool drop = !keep && WantsDrop(path, walker_.key_depth());
+    if (drop && keep_probe_.KeepsSomethingBelow(g_.pairs(n)[i + 1])) {
+      drop = false;  // it stays; what below it is not kept goes
+      keep = true;
     }
-    bool reachable = false;
-    for (const std::string& k : o_.keep) reachable = reachable || GlobCanMatchBelow(k, path);
-    if (!reachable) return false;
-    if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
-    bool outer = budget_.Enter(seen_[n]);
-    on_path_[n] = true;
-    size_t base = path.size();
-    bool found = false;
-    auto below = [&](const std::string& part, NodeId child) {
-      budget_.Step();
-      budget_.PathBytes(part.size());
-      path.resize(base);
-      if (!path.empty()) path.push_back('.');
-      path += part;
-      found = MatchesAnyGlob(o_.keep, path) || KeepsSomethingBelow(child, path, depth + 1);
-    };
-    const std::vector<NodeId> pairs = g_.compound(n).pairs;
-    for (size_t i = 0; !found && i + 1 < pairs.size(); i += 2)
-      below(g_.KeyText(pairs[i]), pairs[i + 1]);
-    const std::vector<NodeId> items = g_.compound(n).items;
-    for (size_t i = 0; !found && i < items.size(); ++i) below(std::to_string(i), items[i]);
-    path.resize(base);
-    if (g_.kind(n) == Kind::kObject) {
-      for (NodeId st : std::vector<NodeId>(g_.compound(n).states)) {
-        if (found) break;
-        if (g_.kind(st) == Kind::kTuple) {
-          for (NodeId part : std::vector<NodeId>(g_.items(st))) {
-            found = found || KeepsSomethingBelow(part, path, depth);
-          }
-        } else {
-          found = KeepsSomethingBelow(st, path, depth);
-        }
-      }
+    if (keep) protected_.insert(entry);
+    if (drop && wanted_seen_.insert(entry).second) {
+      wanted_order_.emplace_back(entry, wanted_paths_.size());
+      wanted_paths_.push_back(path);
     }
-    path.resize(base);
-    on_path_[n] = false;
-    budget_.Leave(outer);
-    return found;
+    return drop;
   }
 
   pickle::Graph& g_;
   const StripOptions& o_;
-  std::vector<bool> on_path_;
-  std::vector<bool> seen_;  // walked by some path already
-  pickle::PathBudget budget_;
+  PathWalker walker_;
+  KeepProbe keep_probe_;
   // Entries are (node << 32 | pair index).
   std::unordered_set<uint64_t> protected_;
   std::unordered_set<uint64_t> wanted_seen_;
@@ -261,6 +213,10 @@ void RebuildTensorTable(torch::TorchFile& tf) {
 
 }  // namespace
 
+std::vector<std::string> StripGraph(pickle::Graph& g, const StripOptions& options) {
+  return Dropper(g, options).Run();
+}
+
 StripResult StripFile(const std::string& path, const StripOptions& o) {
   StripResult r;
   r.path = path;
@@ -280,7 +236,7 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
     names.insert(names.end(), t.names.begin(), t.names.end());
   }
   std::vector<std::string> dropped =
-      WithContext(path, [&] { return Dropper(tf.model.graph, o).Run(); });
+      WithContext(path, [&] { return StripGraph(tf.model.graph, o); });
   for (const std::string& d : dropped) r.dropped.push_back({d, 0});
   if (dropped.empty()) {
     if (r.output != path && !o.dry_run) CopyFileAtomically(f.map, r.output);

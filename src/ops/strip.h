@@ -9,6 +9,10 @@
 
 namespace ckpt {
 
+namespace pickle {
+class Graph;
+}
+
 struct StripOptions {
   std::vector<std::string> drop;  // key-path globs; empty: the known training-only entries
   std::vector<std::string> keep;  // key-path globs that are never dropped
@@ -41,6 +45,11 @@ const std::vector<std::string>& DefaultDropKeys();
 const std::vector<std::string>& OptimizerStateKeys();
 
 StripResult StripFile(const std::string& path, const StripOptions& options);
+
+// The object part of StripFile: removes from `g` the dict entries (and object attributes)
+// `options.drop` and `options.keep` say go; returns their key paths in the order StripFile
+// reports them.
+std::vector<std::string> StripGraph(pickle::Graph& g, const StripOptions& options);
 
 // Files in a checkpoint folder that only training needs (DeepSpeed *optim_states.pt, HF
 // Trainer optimizer.pt / scheduler.pt / rng_state*.pth / scaler.pt), recursively, sorted.

@@ -21,12 +21,14 @@
 // object attributes (BUILD state) by name, joined with '.'.
 #include <fmt/format.h>
 
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "base/checked.h"
 #include "base/error.h"
-#include "pickle/path_budget.h"
+#include "pickle/path_walker.h"
 #include "torch/model.h"
 #include "torch/storage_ref.h"
 
@@ -36,6 +38,7 @@ using pickle::Graph;
 using pickle::Kind;
 using pickle::kNil;
 using pickle::NodeId;
+using pickle::PathWalker;
 
 int32_t Model::FindStorage(const std::string& key) const {
   auto it = storage_index.find(key);
@@ -44,10 +47,10 @@ int32_t Model::FindStorage(const std::string& key) const {
 
 namespace {
 
-// The walk follows every path to a tensor, since a tensor reachable by several paths gets
-// each name (tied weights). A shared subtree in which the first visit found nothing (no
-// tensor, storage or problem) is not walked again; what is walked again is bounded by a
-// pickle::PathBudget.
+// The walk (a pickle::PathWalker) follows every path to a tensor, since a tensor reachable by
+// several paths gets each name (tied weights). A shared subtree in which the first visit
+// found nothing (no tensor, storage or problem) is not walked again; what is walked again is
+// bounded by the walker's pickle::PathBudget.
 // Names are paths, and a path can be long (dict keys are any string): their total size is
 // bounded too, far above what any real checkpoint's names take.
 constexpr uint64_t kMaxNameBytes = uint64_t{256} << 20;
@@ -55,17 +58,13 @@ constexpr size_t kMaxWhere = 1024;  // longer paths in problem messages are cut
 constexpr size_t kMaxDims = 64;
 constexpr size_t kMaxProblems = 1000;  // more are counted, not listed
 
-class Walker {
+class TensorCollector final : private PathWalker::Client {
  public:
-  Walker(Model& m, bool legacy) : m_(m), g_(m.graph), legacy_(legacy) {
-    on_path_.assign(g_.nodes.size(), false);
-    seen_.assign(g_.nodes.size(), kUnseen);
-  }
+  TensorCollector(Model& m, bool legacy) : m_(m), g_(m.graph), legacy_(legacy), w_(m.graph) {}
 
   void Run() {
     if (g_.root == kNil) return;
-    std::string path;
-    Visit(g_.root, path, 0);
+    w_.Run(g_.root, *this);
     if (suppressed_) {
       m_.problems.push_back({"<more>", fmt::format("{} more problems not listed", suppressed_)});
     }
@@ -81,8 +80,9 @@ class Walker {
         {where.size() > kMaxWhere ? where.substr(0, kMaxWhere) + "..." : where, what});
   }
 
-  // A tensor name for `path`, counted against the bound on all names.
-  const std::string& NamePath(const std::string& path) {
+  // The walker's path as a tensor name, counted against the bound on all names.
+  const std::string& NamePath() {
+    const std::string& path = w_.path();
     name_bytes_ += path.size() + sizeof(std::string);
     if (name_bytes_ > kMaxNameBytes) {
       Fail(
@@ -93,10 +93,8 @@ class Walker {
     return path;
   }
 
-  static void Join(std::string& path, std::string_view part) {
-    if (!path.empty()) path.push_back('.');
-    path.append(part);
-  }
+  // The walker's path where a problem or note is: "<root>" for the root.
+  std::string Where() const { return w_.path().empty() ? "<root>" : w_.path(); }
 
   // What the walk has recorded so far: a subtree whose visit changes it has something to
   // name.
@@ -104,70 +102,20 @@ class Walker {
     return m_.tensors.size() + m_.bare_refs.size() + m_.problems.size() + suppressed_;
   }
 
-  void Visit(NodeId n, std::string& path, uint32_t depth) {
-    if (n == kNil || (!g_.has_compound(n) && g_.kind(n) != Kind::kPersId)) {
-      budget_.Step();
-      return;
-    }
-    bool outer = budget_.Enter(seen_[n] == kSomethingBelow);
-    if (depth > 4096) Fail("object graph nested deeper than 4096 levels");
-    // Not on a cycle back to an ancestor, nor into a subtree known to hold nothing.
-    if (!on_path_[n] && seen_[n] != kNothingBelow) {
-      uint64_t before = Recorded();
-      VisitNode(n, path, depth);
-      if (seen_[n] == kUnseen) seen_[n] = Recorded() > before ? kSomethingBelow : kNothingBelow;
-    }
-    budget_.Leave(outer);
-  }
-
-  void VisitNode(NodeId n, std::string& path, uint32_t depth) {
+  // A container, object or persistent id a path reaches: a tensor, a storage, or something
+  // to walk into (entries, items, BUILD states, call arguments).
+  void Node(NodeId n, bool first) override {
+    uint64_t before = Recorded();
     Kind k = g_.kind(n);
-    if (k == Kind::kObject && TryTensor(n, path)) return;
     if (k == Kind::kPersId) {
-      BareStorage(n, path);
-      return;
+      BareStorage(n);
+    } else if (k != Kind::kObject || !TryTensor(n)) {
+      w_.Entries(n);
+      w_.Items(n);
+      w_.States(n, PathWalker::StateParts::kSlotsUnderState);
+      w_.CallArguments(n);
     }
-    if (!g_.has_compound(n)) return;
-    on_path_[n] = true;
-    const pickle::Compound& c = g_.compound(n);
-    size_t base = path.size();
-    auto child = [&](NodeId id, std::string_view part) {
-      budget_.PathBytes(part.size());
-      if (base == 0) top_ = std::string(part);
-      Join(path, part);
-      Visit(id, path, depth + 1);
-      path.resize(base);
-    };
-    for (size_t i = 0; i + 1 < c.pairs.size(); i += 2)
-      child(c.pairs[i + 1], g_.KeyText(c.pairs[i]));
-    for (size_t i = 0; i < c.items.size(); ++i) child(c.items[i], std::to_string(i));
-    if (k == Kind::kObject) {
-      for (NodeId state : c.states) VisitState(state, path, depth);
-      if (c.args != kNil && g_.kind(c.args) == Kind::kTuple) {
-        const auto& args = g_.items(c.args);
-        for (size_t i = 0; i < args.size(); ++i) child(args[i], std::to_string(i));
-      }
-      if (c.kwargs != kNil) Visit(c.kwargs, path, depth + 1);
-    }
-    on_path_[n] = false;
-  }
-
-  // BUILD state: a dict of attributes, or (dict, slots dict); anything else by position.
-  void VisitState(NodeId state, std::string& path, uint32_t depth) {
-    if (g_.kind(state) == Kind::kTuple && g_.items(state).size() == 2) {
-      for (NodeId s : g_.items(state)) {
-        if (g_.kind(s) == Kind::kDict) {
-          Visit(s, path, depth + 1);
-        } else if (g_.kind(s) != Kind::kNone) {
-          size_t base = path.size();
-          Join(path, "__state__");
-          Visit(s, path, depth + 1);
-          path.resize(base);
-        }
-      }
-      return;
-    }
-    Visit(state, path, depth + 1);
+    if (first && Recorded() == before) w_.Prune(n);
   }
 
   // ---- storages ----
@@ -195,7 +143,7 @@ class Walker {
     return index;
   }
 
-  void BareStorage(NodeId persid, const std::string& path) {
+  void BareStorage(NodeId persid) {
     if (failed_.count(persid) || !bare_seen_.insert(persid).second) return;  // once per node
     // Legacy files saving a whole nn.Module also carry ('module', cls, file, source) ids.
     NodeId pid = g_.compound(persid).args;
@@ -205,17 +153,17 @@ class Walker {
     }
     try {
       StorageRef ref = DecodeStorageRef(g_, persid);
-      int32_t index = StorageFor(ref, path, persid);
+      int32_t index = StorageFor(ref, w_.path(), persid);
       m_.storages[index].used_whole = true;
       m_.bare_refs.emplace_back(persid, index);
     } catch (const Error& e) {
       failed_.insert(persid);
-      Problem(path.empty() ? "<root>" : path, e.what());
+      Problem(Where(), e.what());
     }
   }
 
   // ---- tensors ----
-  bool TryTensor(NodeId obj, const std::string& path) {
+  bool TryTensor(NodeId obj) {
     NodeId fn = g_.CalledGlobal(obj);
     if (fn == kNil) return false;
     // A broken tensor reached again through shared references was reported once already:
@@ -223,12 +171,15 @@ class Walker {
     if (failed_.count(obj)) return true;
     // The same tensor reached again (tied weights): one more name.
     if (auto it = tensor_of_.find(obj); it != tensor_of_.end()) {
-      m_.tensors[it->second].names.push_back(NamePath(path));
+      m_.tensors[it->second].names.push_back(NamePath());
       return true;
     }
     size_t tensors = m_.tensors.size(), problems = m_.problems.size() + suppressed_;
     NodeId args = g_.compound(obj).args;
-    bool recognized = Recognize(fn, args, obj, path, "tensor");
+    // Components of a composite tensor are recorded under the composite's top key.
+    std::string outer_top = std::exchange(top_, std::string(w_.top_key()));
+    bool recognized = Recognize(fn, args, obj, "tensor");
+    top_ = std::move(outer_top);
     if (recognized && m_.tensors.size() == tensors && m_.problems.size() + suppressed_ > problems) {
       failed_.insert(obj);
     }
@@ -236,9 +187,11 @@ class Walker {
     return recognized;
   }
 
-  // Is `fn(*args)` a tensor? Records it (under `path`) if so.
-  bool Recognize(NodeId fn, NodeId args, NodeId node, const std::string& path,
-                 const std::string& kind) {
+  // Is `fn(*args)` a tensor? Records it (under the walker's path) if so. Tensor forms that
+  // wrap another recurse, and a composite's components are walked (Component): each call is
+  // one more level of the walker's stack depth, so a chain of them cannot overflow the stack.
+  bool Recognize(NodeId fn, NodeId args, NodeId node, const std::string& kind) {
+    PathWalker::Deeper deeper(w_);
     std::string_view module = g_.global_module(fn), name = g_.global_name(fn);
     if (args == kNil || g_.kind(args) != Kind::kTuple) return false;
     const auto& a = g_.items(args);
@@ -256,24 +209,24 @@ class Walker {
         }
       }
       if (inner_fn != kNil && g_.kind(inner_fn) == Kind::kGlobal &&
-          Recognize(inner_fn, inner_args, node, path, sub)) {
+          Recognize(inner_fn, inner_args, node, sub)) {
         return true;
       }
-      Note(path, fmt::format("{}.{} wraps something that is not a tensor", module, name));
+      Note(fmt::format("{}.{} wraps something that is not a tensor", module, name));
       return true;
     }
     if (module != "torch._utils") return false;
     if (name == "_rebuild_tensor" || name == "_rebuild_tensor_v2" || name == "_rebuild_tensor_v3" ||
         name == "_rebuild_qtensor") {
-      AddStorageTensor(name, args, node, path, name == "_rebuild_qtensor" ? "qtensor" : kind);
+      AddStorageTensor(name, args, node, name == "_rebuild_qtensor" ? "qtensor" : kind);
       return true;
     }
     if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") {
       size_t before = m_.tensors.size();
       NodeId data = arg(0);
       if (!(data != kNil && g_.kind(data) == Kind::kObject && g_.CalledGlobal(data) != kNil &&
-            Recognize(g_.CalledGlobal(data), g_.compound(data).args, node, path, "parameter"))) {
-        Note(path, fmt::format("{} of something that is not a tensor", name));
+            Recognize(g_.CalledGlobal(data), g_.compound(data).args, node, "parameter"))) {
+        Note(fmt::format("{} of something that is not a tensor", name));
         return true;
       }
       if (m_.tensors.size() > before && arg(1) != kNil && g_.kind(arg(1)) == Kind::kBool) {
@@ -291,51 +244,48 @@ class Walker {
         bool coo = d.size() == 3 || (d.size() == 4 && g_.kind(d[3]) == Kind::kBool);
         size_t n = coo ? 2 : std::min<size_t>(3, d.size());
         for (size_t i = 0; i < n && i < d.size(); ++i) {
-          Component(d[i], path, coo ? kCoo[i] : kCompressed[i], "sparse");
+          Component(d[i], coo ? kCoo[i] : kCompressed[i], "sparse");
         }
       }
       return true;
     }
     if (name == "_rebuild_nested_tensor") {
       static const char* kParts[] = {"buffer", "sizes", "strides", "storage_offsets"};
-      for (size_t i = 0; i < 4; ++i) Component(arg(i), path, kParts[i], "nested");
+      for (size_t i = 0; i < 4; ++i) Component(arg(i), kParts[i], "nested");
       return true;
     }
     if (name == "_rebuild_device_tensor_from_cpu_tensor") {
-      Component(arg(0), path, "", kind);
+      Component(arg(0), "", kind);
       return true;
     }
     if (name == "_rebuild_meta_tensor_no_storage" || name == "_rebuild_wrapper_subclass" ||
         name == "_rebuild_device_tensor_from_numpy" || name == "_rebuild_xla_tensor") {
-      AddStoragelessTensor(name, a, node, path);
+      AddStoragelessTensor(name, a, node);
       return true;
     }
     if (name.starts_with("_rebuild")) {
-      Note(path,
-           fmt::format("unknown tensor form torch._utils.{}; its contents are not listed", name));
+      Note(fmt::format("unknown tensor form torch._utils.{}; its contents are not listed", name));
       return true;
     }
     return false;
   }
 
-  // A tensor that is an argument of a composite (sparse/nested): named path.part.
-  void Component(NodeId t, const std::string& path, std::string_view part,
-                 const std::string& kind) {
+  // A tensor that is an argument of a composite (sparse/nested): named path.part. What is
+  // not a tensor is walked there.
+  void Component(NodeId t, std::string_view part, const std::string& kind) {
     if (t == kNil) return;
-    std::string sub = path;
-    if (!part.empty()) Join(sub, part);
+    PathWalker::Deeper deeper(w_);
+    std::optional<PathWalker::Key> key;
+    if (!part.empty()) key.emplace(w_, part);
     std::string sub_kind = part.empty() ? kind : kind + "." + std::string(part);
     if (g_.kind(t) == Kind::kObject && g_.CalledGlobal(t) != kNil &&
-        Recognize(g_.CalledGlobal(t), g_.compound(t).args, t, sub, sub_kind)) {
+        Recognize(g_.CalledGlobal(t), g_.compound(t).args, t, sub_kind)) {
       return;
     }
-    std::string p = sub;
-    Visit(t, p, 0);
+    w_.Walk(t);
   }
 
-  void Note(const std::string& path, const std::string& what) {
-    m_.notes.push_back(fmt::format("{}: {}", path.empty() ? "<root>" : path, what));
-  }
+  void Note(const std::string& what) { m_.notes.push_back(fmt::format("{}: {}", Where(), what)); }
 
   bool IntList(NodeId id, std::vector<int64_t>& out) {
     if (id == kNil) return false;
@@ -357,10 +307,9 @@ class Walker {
     return FromName(g_.global_name(id));
   }
 
-  void AddStoragelessTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node,
-                            const std::string& path) {
+  void AddStoragelessTensor(std::string_view fn, const std::vector<NodeId>& a, NodeId node) {
     Tensor t;
-    t.names.push_back(NamePath(path));
+    t.names.push_back(NamePath());
     t.node = node;
     bool wrapper = fn == "_rebuild_wrapper_subclass";
     bool meta = fn == "_rebuild_meta_tensor_no_storage";
@@ -378,10 +327,9 @@ class Walker {
     m_.tensors.push_back(std::move(t));
   }
 
-  void AddStorageTensor(std::string_view fn, NodeId args, NodeId node, const std::string& path,
-                        const std::string& kind) {
+  void AddStorageTensor(std::string_view fn, NodeId args, NodeId node, const std::string& kind) {
     const std::vector<NodeId>& a = g_.items(args);
-    std::string where = path.empty() ? "<root>" : path;
+    std::string where = Where();
     size_t need = fn == "_rebuild_tensor" ? 4 : fn == "_rebuild_tensor_v3" ? 7 : 6;
     if (a.size() < need) {
       Problem(where,
@@ -394,7 +342,7 @@ class Walker {
       return;
     }
     Tensor t;
-    t.names.push_back(NamePath(path));
+    t.names.push_back(NamePath());
     t.kind = kind;
     t.node = node;
     StorageRef ref;
@@ -486,16 +434,13 @@ class Walker {
   Model& m_;
   const Graph& g_;
   bool legacy_;
-  std::vector<bool> on_path_;
-  enum Seen : uint8_t { kUnseen, kNothingBelow, kSomethingBelow };
-  std::vector<uint8_t> seen_;  // what the first visit of each node found
-  pickle::PathBudget budget_;
+  PathWalker w_;
   uint64_t name_bytes_ = 0;
   std::unordered_map<NodeId, size_t> tensor_of_;  // rebuild node -> its (only) tensor
   std::unordered_set<NodeId> bare_seen_;          // storage ids outside tensors, recorded
   uint64_t suppressed_ = 0;
   std::unordered_set<NodeId> failed_;
-  std::string top_;  // first path component of what is being visited
+  std::string top_;  // top key of the tensor being recognised
 };
 
 // The same rebuild node reached by several paths is one tensor with several names.
@@ -518,7 +463,7 @@ void MergeByNode(Model& m) {
 }  // namespace
 
 void BuildTensorTable(Model& model, bool legacy) {
-  Walker(model, legacy).Run();
+  TensorCollector(model, legacy).Run();
   MergeByNode(model);
 }
 

@@ -326,6 +326,71 @@ TEST_F(StripTest, CyclesAreWalkedOnceAndSurvive) {
   EXPECT_EQ(KeyPaths(out.torch->model.graph), (std::set<std::string>{"model", "model.w"}));
 }
 
+// An OrderedDict object, as torch.save writes a state_dict: its attributes (`_metadata`)
+// come back through BUILD.
+P& OrderedDict(P& p) {
+  return p.global("collections", "OrderedDict").op(')').op('R');
+}
+
+// The keys of an object's BUILD state read as the object's own: the state of the top-level
+// object holds top-level keys for the default drops, however many BUILD states lead to it.
+TEST_F(StripTest, DefaultDropsReachTopLevelKeysThroughBuildStates) {
+  // OrderedDict() with the state OrderedDict() with the state
+  // {"optimizer": T(s0), "model": {"optimizer": T(s1)}, "w": T(s2)}
+  P p;
+  p.proto(2);
+  OrderedDict(OrderedDict(p)).op('}').mark().str("optimizer");
+  Tensor(p, "s0").str("model").op('}').str("optimizer");
+  Tensor(p, "s1").op('s').str("w");
+  Tensor(p, "s2").op('u').op('b').op('b');
+  std::string in = Checkpoint(p.stop().bytes(), {"s0", "s1", "s2"});
+  EXPECT_EQ(TensorNames(OpenCheckpoint(in)),
+            (std::set<std::string>{"optimizer", "model.optimizer", "w"}));
+  CheckpointFile out;
+  StripResult r = Strip(in, {}, {}, &out);
+  EXPECT_EQ(Dropped(r), (Entries{{"optimizer", StorageBytes("s0")}}));
+  EXPECT_EQ(TensorNames(out), (std::set<std::string>{"model.optimizer", "w"}));
+}
+
+// A keep glob looks below a dropped entry through BUILD states as the drop walk does.
+TEST_F(StripTest, KeepGlobsSeeThroughBuildStates) {
+  // {"model": OrderedDict() with the state {"w": T(s0), "b": T(s1)}, "step": 1}
+  P p;
+  p.proto(2).op('}').mark().str("model");
+  OrderedDict(p).op('}').mark().str("w");
+  Tensor(p, "s0").str("b");
+  Tensor(p, "s1").op('u').op('b').str("step").bin_int(1).op('u');
+  std::string in = Checkpoint(p.stop().bytes(), {"s0", "s1"});
+  CheckpointFile out;
+  StripResult r = Strip(in, {"model*"}, {"model.w"}, &out);
+  EXPECT_EQ(Dropped(r), (Entries{{"model.b", StorageBytes("s1")}}));
+  EXPECT_EQ(TensorNames(out), (std::set<std::string>{"model.w"}));
+}
+
+TEST_F(StripTest, CycleThroughABuildStateIsWalkedOnceAndSurvives) {
+  // x = OrderedDict() with the state {"w": T(s0), "self": x, "optimizer": T(s1)}
+  P p;
+  p.proto(2);
+  OrderedDict(p).put(0).op('}').mark().str("w");
+  Tensor(p, "s0").str("self").get(0).str("optimizer");
+  Tensor(p, "s1").op('u').op('b');
+  std::string in = Checkpoint(p.stop().bytes(), {"s0", "s1"});
+  EXPECT_EQ(TensorNames(OpenCheckpoint(in)), (std::set<std::string>{"w", "optimizer"}));
+  CheckpointFile out;
+  StripResult r = Strip(in, {}, {}, &out);
+  EXPECT_EQ(Dropped(r), (Entries{{"optimizer", StorageBytes("s1")}}));
+  EXPECT_EQ(TensorNames(out), (std::set<std::string>{"w"}));
+  const Graph& g = out.torch->model.graph;
+  ASSERT_EQ(g.compound(g.root).states.size(), 1u);
+  EXPECT_EQ(Child(g, g.compound(g.root).states[0], "self"), g.root);  // still a cycle
+  // The edge that closes the cycle can itself be dropped.
+  r = Strip(in, {"self", "optimizer"}, {}, &out);
+  EXPECT_EQ(Dropped(r), (Entries{{"self", 0}, {"optimizer", StorageBytes("s1")}}));
+  const Graph& h = out.torch->model.graph;
+  EXPECT_EQ(Child(h, h.compound(h.root).states[0], "self"), pickle::kNil);
+  EXPECT_EQ(TensorNames(out), (std::set<std::string>{"w"}));
+}
+
 // {"layers": [D, D, ... `refs` times], "big": T(s0)} with D = {"drop_me": 1, "keep": 2}.
 std::string SharedConfig(int refs) {
   P p;

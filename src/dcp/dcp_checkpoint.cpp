@@ -51,30 +51,40 @@ bool SafeRelativePath(const std::string& path) {
   return true;
 }
 
-// Decompresses a zstd stream into an unlinked temp file (TMPDIR) and maps it; at most
-// `limit` bytes.
-std::unique_ptr<MappedFile> Unzstd(Bytes in, uint64_t limit) {
-  std::string tmpl = (fs::temp_directory_path() / "ckptool-dcp-XXXXXX").string();
-  int fd = mkstemp(tmpl.data());
-  if (fd < 0)
-    Fail("cannot create a temp file in {}: {}", fs::temp_directory_path().string(),
-         std::strerror(errno));
-  struct Closer {
-    int fd;
-    std::string path;
-    ~Closer() {
-      ::close(fd);
-      ::unlink(path.c_str());
-    }
-  } closer{fd, tmpl};
+// Decompresses a zstd stream (at most `limit` bytes) into `memory`, or, once it outgrows
+// kInMemory or the checkpoint's remaining `budget`, into an unlinked temp file (TMPDIR),
+// mapped and returned.
+std::unique_ptr<MappedFile> Unzstd(Bytes in, uint64_t limit, uint64_t& budget,
+                                   std::vector<uint8_t>& memory) {
+  constexpr uint64_t kInMemory = 4 << 20;
   std::unique_ptr<ZSTD_DStream, size_t (*)(ZSTD_DStream*)> ds(ZSTD_createDStream(),
                                                               ZSTD_freeDStream);
   if (!ds) Fail("out of memory for zstd");
   ZSTD_initDStream(ds.get());
   std::vector<uint8_t> buf(ZSTD_DStreamOutSize());
   ZSTD_inBuffer input{in.data(), in.size(), 0};
+  std::string tmpl;
+  int fd = -1;
+  struct Closer {
+    int& fd;
+    std::string& path;
+    ~Closer() {
+      if (fd >= 0) {
+        ::close(fd);
+        ::unlink(path.c_str());
+      }
+    }
+  } closer{fd, tmpl};
+  auto spill = [&](const uint8_t* data, size_t n) {
+    for (size_t done = 0; done < n;) {
+      ssize_t w = ::write(fd, data + done, n - done);
+      if (w < 0) Fail("writing the decompressed item: {}", std::strerror(errno));
+      done += static_cast<size_t>(w);
+    }
+  };
   uint64_t total = 0;
   size_t last = 1;
+  memory.clear();
   while (input.pos < input.size || last != 0) {
     ZSTD_outBuffer out{buf.data(), buf.size(), 0};
     size_t before = input.pos;
@@ -82,15 +92,29 @@ std::unique_ptr<MappedFile> Unzstd(Bytes in, uint64_t limit) {
     if (ZSTD_isError(last)) Fail("zstd: {}", ZSTD_getErrorName(last));
     total += out.pos;
     if (total > limit) Fail("decompresses to more than {} bytes", limit);
-    for (size_t done = 0; done < out.pos;) {
-      ssize_t w = ::write(fd, buf.data() + done, out.pos - done);
-      if (w < 0) Fail("writing the decompressed item: {}", std::strerror(errno));
-      done += static_cast<size_t>(w);
+    if (fd < 0 && (total > kInMemory || total > budget)) {
+      tmpl = (fs::temp_directory_path() / "ckptool-dcp-XXXXXX").string();
+      fd = mkstemp(tmpl.data());
+      if (fd < 0)
+        Fail("cannot create a temp file in {}: {}", fs::temp_directory_path().string(),
+             std::strerror(errno));
+      spill(memory.data(), memory.size());
+      memory.clear();
+      memory.shrink_to_fit();
+    }
+    if (fd >= 0) {
+      spill(buf.data(), out.pos);
+    } else {
+      memory.insert(memory.end(), buf.data(), buf.data() + out.pos);
     }
     if (input.pos == input.size && out.pos == 0 && input.pos == before) {
       if (last != 0) Fail("zstd: the stream ends early");
       break;
     }
+  }
+  if (fd < 0) {
+    budget -= memory.size();
+    return nullptr;
   }
   return std::make_unique<MappedFile>(MappedFile::Open(tmpl));
 }
@@ -113,8 +137,9 @@ void OpenArchive(Checkpoint& c, Item& item, const StorageEntry& s, uint64_t limi
   std::string version = slash == std::string::npos ? "" : t.substr(slash + 1);
   if (name != "stream.zstd" || version.substr(0, version.find('.')) != "1")
     Fail("unsupported stream transform '{}' (ckptool reads stream.zstd/1)", t);
-  item.decompressed = Unzstd(raw, limit);
-  item.archive = item.decompressed->bytes();
+  item.decompressed = Unzstd(raw, limit, c.in_memory_budget, item.inflated);
+  item.archive = item.decompressed ? item.decompressed->bytes()
+                                   : Bytes(item.inflated.data(), item.inflated.size());
   item.map = item.decompressed.get();
   item.archive_offset = 0;
 }

@@ -91,10 +91,11 @@ struct Item {
   size_t entry = 0;   // index into Metadata::storage
   int32_t file = -1;  // index into files; -1 when the file is missing
   bool readable = false;
-  Bytes archive;                    // the torch.save archive
-  const MappedFile* map = nullptr;  // that archive's mapping, when it is one
-  uint64_t archive_offset = 0;      // where `archive` starts in `map`
-  std::unique_ptr<MappedFile> decompressed;
+  Bytes archive;                             // the torch.save archive
+  const MappedFile* map = nullptr;           // that archive's mapping, when it is one
+  uint64_t archive_offset = 0;               // where `archive` starts in `map`
+  std::unique_ptr<MappedFile> decompressed;  // a large decompressed item, in a temp file
+  std::vector<uint8_t> inflated;             // a small one, in memory
   // Tensor items: the chunk's elements.
   torch::DType dtype = torch::DType::kFloat32;
   std::vector<int64_t> shape;
@@ -138,6 +139,7 @@ struct Checkpoint {
   std::vector<Tensor> tensors;
   std::vector<Object> objects;
   std::vector<torch::Problem> problems;
+  uint64_t in_memory_budget = 64 << 20;  // decompressed items held in memory, at most
 };
 
 // A folder holding .metadata (or __<rank>.metadata) and .distcp files?

@@ -538,7 +538,7 @@ LogicalModel DcpLogicalModel(const Checkpoint& c) {
       const uint64_t esize = torch::ElementSize(t.dtype);
       // Runs shorter than this are gathered into a staging buffer, so a column-sharded
       // tensor does not become one write per row.
-      constexpr uint64_t kDirect = 64 << 10, kStage = 1 << 20;
+      constexpr uint64_t kDirect = 64 << 10, kStage = 4 << 20;
       if (count == 0) return;
       thread_local std::vector<uint8_t> stage;
       stage.clear();

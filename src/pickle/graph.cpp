@@ -158,7 +158,8 @@ NodeId Graph::AddFloat(double value, uint64_t stream_offset) {
 NodeId Graph::AddGlobal(std::string_view module, std::string_view name, uint64_t stream_offset) {
   NodeId id = AddText(Kind::kGlobal, std::string(module) + std::string(name), stream_offset);
   nodes[id].text_size = static_cast<uint32_t>(module.size());
-  nodes[id].name_size = static_cast<uint32_t>(name.size());
+  if (name.size() > kMaxGlobalName) Fail("a global's name is longer than {} bytes", kMaxGlobalName);
+  nodes[id].name_size = static_cast<uint16_t>(name.size());
   return id;
 }
 

@@ -53,17 +53,24 @@ struct Compound {
   Construct construct = Construct::kReduce;
 };
 
+// 32 bytes: a pickle of 10^5 tensors makes millions of nodes.
 struct Node {
-  Kind kind = Kind::kNone;
-  bool boolean = false;
-  int64_t integer = 0;
-  double real = 0;
+  union {
+    int64_t integer = 0;  // kInt
+    double real;          // kFloat
+  };
   uint32_t text_offset = 0;  // into Graph::strings
   uint32_t text_size = 0;
-  uint32_t name_size = 0;  // kGlobal: name follows the module text
   uint32_t compound = UINT32_MAX;
+  uint16_t name_size = 0;  // kGlobal: name follows the module text (kMaxGlobalName at most)
+  Kind kind = Kind::kNone;
+  bool boolean = false;
   uint64_t stream_offset = 0;  // opcode offset that created the node (for messages)
 };
+static_assert(sizeof(Node) == 32);
+
+// The longest attribute name a global may have (Python's own are far shorter).
+inline constexpr size_t kMaxGlobalName = UINT16_MAX;
 
 class Graph {
  public:

@@ -445,19 +445,21 @@ class TensorCollector final : private PathWalker::Client {
 
 // The same rebuild node reached by several paths is one tensor with several names.
 void MergeByNode(Model& m) {
+  // In place: a second table would double the peak for files of many tensors.
   std::unordered_map<NodeId, size_t> first;
-  std::vector<Tensor> merged;
-  merged.reserve(m.tensors.size());
-  for (Tensor& t : m.tensors) {
-    auto [it, inserted] = first.emplace(t.node, merged.size());
+  size_t kept = 0;
+  for (size_t r = 0; r < m.tensors.size(); ++r) {
+    Tensor& t = m.tensors[r];
+    auto [it, inserted] = first.emplace(t.node, kept);
     if (inserted || t.node == kNil) {
-      if (!inserted) it->second = merged.size();
-      merged.push_back(std::move(t));
+      if (!inserted) it->second = kept;
+      if (kept != r) m.tensors[kept] = std::move(t);
+      ++kept;
     } else {
-      for (auto& n : t.names) merged[it->second].names.push_back(std::move(n));
+      for (auto& n : t.names) m.tensors[it->second].names.push_back(std::move(n));
     }
   }
-  m.tensors = std::move(merged);
+  m.tensors.erase(m.tensors.begin() + static_cast<ptrdiff_t>(kept), m.tensors.end());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/names.h"
+#include "base/utf8.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -36,13 +37,13 @@ bool MatchesPatterns(const std::string& path, const std::vector<std::string>& pa
   return MatchesAnyGlob(patterns, std::filesystem::path(path).filename().string());
 }
 
-std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {
+std::vector<std::string> CollectFiles(const ShrinkCliOptions& o, std::vector<std::string>* dcp) {
   std::vector<std::string> files;
   if (!o.checkpoint_dir.empty()) {
     if (!std::filesystem::is_directory(o.checkpoint_dir)) {
       Fail("{}: not a folder", o.checkpoint_dir);
     }
-    for (const std::string& f : ExpandInputs({o.checkpoint_dir})) {
+    for (const std::string& f : ExpandInputs({o.checkpoint_dir}, nullptr, dcp)) {
       if (!MatchesPatterns(f, o.patterns)) continue;
       MappedFile m = MappedFile::Open(f);
       std::optional<Format> format = DetectFormat(m.bytes());
@@ -55,7 +56,7 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o) {
       files.push_back(p);
       continue;
     }
-    for (const std::string& f : ExpandInputs({p})) {
+    for (const std::string& f : ExpandInputs({p}, nullptr, dcp)) {
       if (MatchesPatterns(f, o.patterns)) files.push_back(f);
     }
   }
@@ -69,7 +70,18 @@ int RunShrink(ShrinkCliOptions o) {
     return 2;
   }
   if (!o.output_dir.empty() && !o.dry_run) std::filesystem::create_directories(o.output_dir);
-  std::vector<std::string> files = CollectFiles(o);
+  std::vector<std::string> dcp_folders;
+  std::vector<std::string> files = CollectFiles(o, &dcp_folders);
+  // torch.distributed.checkpoint saves every chunk compact (a view is cloned first): there is
+  // nothing for shrink to cut.
+  for (const std::string& d : dcp_folders) {
+    std::cout << Printable(fmt::format(
+                     "{}: torch.distributed.checkpoint folder: its items are already compact, "
+                     "nothing to shrink (strip drops its optimizer state; export writes its model)",
+                     d))
+              << "\n";
+  }
+  if (files.empty() && !dcp_folders.empty()) return 0;
   if (files.empty()) {
     PrintError("no torch checkpoints found");
     return 1;

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "dcp/dcp_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/file_copy.h"
 #include "io/mapped_file.h"
@@ -42,6 +43,12 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
         Fail("{}: give --output-dir DIR or -o FILE for a single file", path);
       }
       continue;
+    }
+    if (dcp::LooksLikeDcpCheckpoint(path)) {
+      Fail(
+          "{}: a torch.distributed.checkpoint folder; convert rewrites checkpoint files. `ckptool "
+          "export {} --to OUT --dtype {}` writes its model in that dtype",
+          path, path, dtype_name);
     }
     fs::path out = output_dir.empty() ? fs::path(path) / dtype_name : fs::path(output_dir);
     std::vector<fs::path> entries;

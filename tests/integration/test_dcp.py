@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 import dcp_fixtures as dcp
-from ckpt_testlib import CkptTestCase, read_safetensors, run
+from ckpt_testlib import CkptTestCase, read_bytes, read_safetensors, run
 
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}
 HEALTHY = dcp.standard_cases()
@@ -725,3 +725,35 @@ class DcpCliTest(CkptTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DcpFolderDiscoveryTest(CkptTestCase):
+    """Every command finds a DCP folder the same way and never reads a .distcp as a torch file."""
+
+    def snapshot(self, folder):
+        return {n: read_bytes(os.path.join(folder, n)) for n in sorted(os.listdir(folder))}
+
+    def test_commands_on_a_run_folder_holding_a_dcp_step_and_a_plain_file(self):
+        run_dir = self.path("run")
+        fx, step = copy_case(self, "uneven_fp32", os.path.join(run_dir, "step-10"))
+        torch.save({"w": torch.ones(3)}, os.path.join(run_dir, "extra.pt"))
+        before = self.snapshot(step)
+        # inspect and verify see one DCP checkpoint and one file, no .distcp as a file.
+        doc = json.loads(run("inspect", "--json", run_dir).stdout)
+        self.assertEqual([os.path.basename(f["path"]) for f in doc["files"]], ["extra.pt"])
+        self.assertEqual(len(doc["dcp"]), 1)
+        p = run("verify", run_dir)
+        self.assertNotIn(".distcp:", p.stdout)
+        self.assertIn("torch.distributed.checkpoint", p.stdout)
+        # shrink has nothing to cut in a DCP folder (chunks are saved compact) and says so.
+        p = run("shrink", step)
+        self.assertIn("nothing to shrink", p.stdout)
+        self.assertEqual(self.snapshot(step), before)
+        # convert rewrites files: it refuses the folder and names what does the job.
+        p = run("convert", "--dtype", "bf16", step, expect=1)
+        self.assertIn("export", p.stderr)
+        self.assertEqual(self.snapshot(step), before)
+        self.assertFalse(os.path.exists(os.path.join(step, "bf16")))
+        # export needs the folder itself; a .distcp given alone is not a checkpoint file.
+        p = run("inspect", os.path.join(step, "__0_0.distcp"), expect=None)
+        self.assertNotIn("bad zip64", output(p))

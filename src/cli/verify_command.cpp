@@ -23,6 +23,46 @@ struct VerifyCliOptions {
   bool quiet = false;
 };
 
+// What one checkpoint's verification found, printed the same way for every kind.
+struct Outcome {
+  std::vector<torch::Problem> problems;  // one line each: "path: where: what"
+  std::string ok;                        // the OK line when there is no problem
+  std::vector<std::string> notes;
+};
+
+class Tally {
+ public:
+  explicit Tally(bool quiet) : quiet_(quiet) {}
+
+  template <typename Fn>
+  void Check(const std::string& path, Fn&& fn) {
+    try {
+      Outcome r = fn();
+      for (const auto& p : r.problems) {
+        std::cout << Printable(fmt::format("{}: {}: {}", path, p.where, p.what)) << "\n";
+      }
+      problems += r.problems.size();
+      if (!r.problems.empty()) {
+        ++bad;
+      } else if (!quiet_) {
+        std::cout << Printable(r.ok) << "\n";
+      }
+      if (!quiet_) {
+        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+      }
+    } catch (const Error& e) {
+      std::cout << Printable(e.what()) << "\n";
+      ++bad;
+      ++problems;
+    }
+  }
+
+  size_t bad = 0, problems = 0;
+
+ private:
+  bool quiet_;
+};
+
 int RunVerify(const VerifyCliOptions& o) {
   std::vector<std::string> dcp_folders;
   std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
@@ -30,80 +70,46 @@ int RunVerify(const VerifyCliOptions& o) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
-  size_t bad_files = 0, problems = 0;
+  Tally tally(o.quiet);
   for (const std::string& path : files) {
-    try {
+    tally.Check(path, [&] {
       CheckpointFile f = OpenCheckpoint(path);
       VerifyResult r = Verify(f, o.threads);
-      for (const auto& p : r.problems) {
-        std::cout << Printable(fmt::format("{}: {}: {}", path, p.where, p.what)) << "\n";
-      }
-      problems += r.problems.size();
-      if (!r.problems.empty()) {
-        ++bad_files;
-      } else if (!o.quiet) {
-        std::string what = f.format == Format::kTorchZip
-                               ? fmt::format("{} records, {} CRC-checked", r.records_checked,
-                                             HumanBytes(r.bytes_checked))
-                               : "structure checked; the format carries no checksums";
-        std::cout << fmt::format("{}: OK ({}, {})\n", Printable(path), FormatName(f.format), what);
-      }
-      if (!o.quiet) {
-        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
-      }
-    } catch (const Error& e) {
-      std::cout << Printable(e.what()) << "\n";
-      ++bad_files;
-      ++problems;
-    }
+      std::string what = f.format == Format::kTorchZip
+                             ? fmt::format("{} records, {} CRC-checked", r.records_checked,
+                                           HumanBytes(r.bytes_checked))
+                             : "structure checked; the format carries no checksums";
+      return Outcome{std::move(r.problems),
+                     fmt::format("{}: OK ({}, {})", path, FormatName(f.format), what),
+                     std::move(r.notes)};
+    });
   }
   // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
   for (const std::string& path : o.paths) {
     if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
-    try {
+    tally.Check(path, [&] {
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
-      if (!o.quiet) {
-        std::cout << Printable(fmt::format(
-                         "{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the partitions of all {} "
-                         "tensors are present and add up)",
-                         z.folder, z.stage, z.world_size, z.tensors.size()))
-                  << "\n";
-      }
-    } catch (const Error& e) {
-      std::cout << Printable(e.what()) << "\n";
-      ++bad_files;
-      ++problems;
-    }
+      return Outcome{{},
+                     fmt::format("{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the partitions of "
+                                 "all {} tensors are present and add up)",
+                                 z.folder, z.stage, z.world_size, z.tensors.size()),
+                     {}};
+    });
   }
   // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
   for (const std::string& folder : dcp_folders) {
-    try {
+    tally.Check(folder, [&] {
       dcp::Checkpoint c = dcp::OpenDcp(folder);
       DcpVerifyResult r = VerifyDcp(c, o.threads);
-      for (const auto& p : r.problems) {
-        std::cout << Printable(fmt::format("{}: {}: {}", folder, p.where, p.what)) << "\n";
-      }
-      problems += r.problems.size();
-      if (!r.problems.empty()) {
-        ++bad_files;
-      } else if (!o.quiet) {
-        std::cout
-            << Printable(fmt::format(
-                   "{}: OK (torch.distributed.checkpoint: {} tensors in {} items of {} files, "
-                   "chunks tile every tensor, {} CRC-checked)",
-                   folder, c.tensors.size(), r.items_checked, c.files.size(),
-                   HumanBytes(r.bytes_checked)))
-            << "\n";
-      }
-      if (!o.quiet) {
-        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
-      }
-    } catch (const Error& e) {
-      std::cout << Printable(e.what()) << "\n";
-      ++bad_files;
-      ++problems;
-    }
+      return Outcome{std::move(r.problems),
+                     fmt::format("{}: OK (torch.distributed.checkpoint: {} tensors in {} items of "
+                                 "{} files, chunks tile every tensor, {} CRC-checked)",
+                                 folder, c.tensors.size(), r.items_checked, c.files.size(),
+                                 HumanBytes(r.bytes_checked)),
+                     std::move(r.notes)};
+    });
   }
+  size_t bad_files = tally.bad, problems = tally.problems;
   std::cout.flush();
   if (bad_files) {
     std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,

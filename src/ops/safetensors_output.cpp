@@ -88,10 +88,8 @@ void WriteFile(const std::string& path, std::vector<TensorSource>& tensors,
 SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<TensorSource> tensors,
                                        const std::map<std::string, std::string>& aliases,
                                        const SafetensorsModelOptions& o) {
-  if (tensors.empty()) Fail("no tensors to export");
-  std::unordered_set<std::string_view> names;
+  RequireDistinctNames(tensors, aliases);
   for (const TensorSource& t : tensors) {
-    if (!names.insert(t.name).second) Fail("two different tensors are both named '{}'", t.name);
     if (torch::Info(t.dtype).safetensors.empty())
       Fail("tensor '{}': safetensors has no {} dtype", t.name, torch::Name(t.dtype));
   }

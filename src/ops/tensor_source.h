@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,10 @@ struct TensorSource {
   bool whole = false;
   std::function<uint32_t(AtomicOutput& out, uint64_t dst, uint64_t offset, uint64_t length)> write;
 };
+
+// Refuses an empty list, two tensors of one name, and an alias (alias -> kept name) that is
+// also a tensor's name.
+void RequireDistinctNames(const std::vector<TensorSource>& tensors,
+                          const std::map<std::string, std::string>& aliases);
 
 }  // namespace ckpt

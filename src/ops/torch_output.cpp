@@ -96,14 +96,7 @@ std::string StateDictPickle(const std::vector<TensorSource>& tensors,
 uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
                          const std::map<std::string, std::string>& aliases,
                          const TorchOutputOptions& o) {
-  if (tensors.empty()) Fail("no tensors to export");
-  std::unordered_set<std::string_view> names;
-  for (const TensorSource& t : tensors) {
-    if (!names.insert(t.name).second) Fail("two different tensors are both named '{}'", t.name);
-  }
-  for (const auto& [alias, kept] : aliases) {
-    if (!names.insert(alias).second) Fail("alias '{}' is also a tensor's name", alias);
-  }
+  RequireDistinctNames(tensors, aliases);
   // torch.save names the top folder after the file (PyTorchStreamWriter: the basename
   // without its extension).
   std::string prefix = fs::path(path).stem().string();

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/mapped_file.h"
@@ -76,6 +77,12 @@ struct Metadata {
 
 // Reads a metadata pickle. Throws ckpt::Error when it is not one (names the field).
 Metadata ParseMetadata(Bytes pickle);
+
+// The attribute dict of a metadata object (its last BUILD state that is a dict, or the dict of
+// a (dict, slots) state), or the node itself when it is a plain dict; kNil when none.
+pickle::NodeId StateDict(const pickle::Graph& g, pickle::NodeId n);
+// Field `name` of an object or dict; kNil when absent.
+pickle::NodeId Field(const pickle::Graph& g, pickle::NodeId obj, std::string_view name);
 
 // A file of the folder.
 struct DataFile {

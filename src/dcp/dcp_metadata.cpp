@@ -34,36 +34,6 @@ bool EndsWithName(const std::string& cls, std::string_view name) {
   return cls == name || cls.ends_with("." + std::string(name));
 }
 
-// The attribute dict of an object (its last BUILD state that is a dict, or the dict of a
-// (dict, slots) state), or the node itself when it is a plain dict.
-NodeId StateDict(const Graph& g, NodeId n) {
-  if (n == kNil) return kNil;
-  if (g.kind(n) == Kind::kDict) return n;
-  if (g.kind(n) != Kind::kObject) return kNil;
-  const auto& states = g.compound(n).states;
-  for (size_t i = states.size(); i-- > 0;) {
-    NodeId s = states[i];
-    if (g.kind(s) == Kind::kDict) return s;
-    if (g.kind(s) == Kind::kTuple && g.items(s).size() == 2) {
-      for (NodeId part : {g.items(s)[1], g.items(s)[0]}) {
-        if (g.kind(part) == Kind::kDict) return part;
-      }
-    }
-  }
-  return kNil;
-}
-
-// Field `name` of an object or dict; kNil when absent.
-NodeId Field(const Graph& g, NodeId obj, std::string_view name) {
-  NodeId d = StateDict(g, obj);
-  if (d == kNil) return kNil;
-  const auto& pairs = g.pairs(d);
-  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == name) return pairs[i + 1];
-  }
-  return kNil;
-}
-
 NodeId Need(const Graph& g, NodeId obj, std::string_view name, std::string_view what) {
   NodeId n = Field(g, obj, name);
   if (n == kNil) Fail("{} has no field '{}'", what, name);
@@ -110,6 +80,36 @@ torch::DType DTypeOf(const Graph& g, NodeId properties, const std::string& fqn) 
 }
 
 }  // namespace
+
+// The attribute dict of an object (its last BUILD state that is a dict, or the dict of a
+// (dict, slots) state), or the node itself when it is a plain dict.
+NodeId StateDict(const Graph& g, NodeId n) {
+  if (n == kNil) return kNil;
+  if (g.kind(n) == Kind::kDict) return n;
+  if (g.kind(n) != Kind::kObject) return kNil;
+  const auto& states = g.compound(n).states;
+  for (size_t i = states.size(); i-- > 0;) {
+    NodeId s = states[i];
+    if (g.kind(s) == Kind::kDict) return s;
+    if (g.kind(s) == Kind::kTuple && g.items(s).size() == 2) {
+      for (NodeId part : {g.items(s)[1], g.items(s)[0]}) {
+        if (g.kind(part) == Kind::kDict) return part;
+      }
+    }
+  }
+  return kNil;
+}
+
+// Field `name` of an object or dict; kNil when absent.
+NodeId Field(const Graph& g, NodeId obj, std::string_view name) {
+  NodeId d = StateDict(g, obj);
+  if (d == kNil) return kNil;
+  const auto& pairs = g.pairs(d);
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == name) return pairs[i + 1];
+  }
+  return kNil;
+}
 
 Metadata ParseMetadata(Bytes bytes) {
   Metadata m;

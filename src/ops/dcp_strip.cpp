@@ -76,27 +76,6 @@ void ReplaceInt(Graph& g, NodeId obj_state, std::string_view field, uint64_t val
   Fail("internal: no field '{}' to rewrite", field);
 }
 
-// The attribute dict of an object built by BUILD(dict).
-NodeId StateOf(const Graph& g, NodeId obj) {
-  if (g.kind(obj) == Kind::kDict) return obj;
-  if (g.kind(obj) != Kind::kObject) return pickle::kNil;
-  const auto& states = g.compound(obj).states;
-  for (size_t i = states.size(); i-- > 0;) {
-    if (g.kind(states[i]) == Kind::kDict) return states[i];
-  }
-  return pickle::kNil;
-}
-
-NodeId FieldOf(const Graph& g, NodeId obj, std::string_view name) {
-  NodeId d = StateOf(g, obj);
-  if (d == pickle::kNil) return pickle::kNil;
-  const auto& pairs = g.pairs(d);
-  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == name) return pairs[i + 1];
-  }
-  return pickle::kNil;
-}
-
 // Keeps the pairs of dict `d` whose key `keep` accepts.
 template <typename Keep>
 void FilterDict(Graph& g, NodeId d, Keep keep) {
@@ -182,7 +161,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     std::unordered_set<NodeId> infos;
     for (const dcp::StorageEntry& s : one.storage) {
       if (dropped_fqns.count(s.fqn)) continue;
-      NodeId state = StateOf(g, s.info);
+      NodeId state = dcp::StateDict(g, s.info);
       auto it = moved.find({s.path, s.offset});
       if (state == pickle::kNil || it == moved.end() || !infos.insert(state).second)
         Fail("{}: {}: a _StorageInfo shared between items; cannot rewrite it", folder, name);
@@ -191,10 +170,10 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     auto fqn_kept = [&](NodeId key) {
       return g.kind(key) != Kind::kStr || !dropped_fqns.count(std::string(g.text(key)));
     };
-    FilterDict(g, FieldOf(g, g.root, "state_dict_metadata"), fqn_kept);
-    FilterDict(g, FieldOf(g, g.root, "planner_data"), fqn_kept);
-    FilterDict(g, FieldOf(g, g.root, "storage_data"), [&](NodeId key) {
-      NodeId fqn = FieldOf(g, key, "fqn");
+    FilterDict(g, dcp::Field(g, g.root, "state_dict_metadata"), fqn_kept);
+    FilterDict(g, dcp::Field(g, g.root, "planner_data"), fqn_kept);
+    FilterDict(g, dcp::Field(g, g.root, "storage_data"), [&](NodeId key) {
+      NodeId fqn = dcp::Field(g, key, "fqn");
       return fqn == pickle::kNil || g.kind(fqn) != Kind::kStr ||
              !dropped_fqns.count(std::string(g.text(fqn)));
     });

@@ -1,4 +1,6 @@
 // ckptool: make ML checkpoints small, safe and fast to handle.
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -44,7 +46,23 @@ void PrintError(const std::string& message) {
 
 }  // namespace ckpt::cli
 
+namespace {
+
+// Sharded checkpoints are folders of many files, each kept open and mapped while it is read
+// (a 1024-rank torch.distributed.checkpoint holds 1024+ .distcp files): the soft limit on
+// open files, often 1024, goes up to the hard limit.
+void RaiseOpenFileLimit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  RaiseOpenFileLimit();
   CLI::App app{
       "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
       "safetensors) without executing them"};

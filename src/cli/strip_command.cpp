@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/error.h"
 #include "base/human.h"
@@ -66,12 +67,16 @@ int RunStrip(StripCliOptions o) {
   }
   // Files beside a torch.distributed.checkpoint folder's items (Megatron's common.pt) are
   // part of it: its strip copies them as they are.
+  std::set<std::string> dcp_canonical;
+  for (const std::string& d : dcp_folders) {
+    std::error_code ec;
+    dcp_canonical.insert(std::filesystem::weakly_canonical(d, ec).string());
+  }
   std::erase_if(files, [&](const std::string& f) {
-    std::string parent = std::filesystem::path(f).parent_path().string();
-    return std::any_of(dcp_folders.begin(), dcp_folders.end(), [&](const std::string& d) {
-      std::error_code ec;
-      return std::filesystem::equivalent(d, parent.empty() ? "." : parent, ec);
-    });
+    std::error_code ec;
+    std::filesystem::path parent = std::filesystem::path(f).parent_path();
+    return dcp_canonical.count(
+        std::filesystem::weakly_canonical(parent.empty() ? "." : parent, ec).string());
   });
   Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal());
   so.threads = batch.threads_per_file();

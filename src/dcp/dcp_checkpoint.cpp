@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -156,6 +158,7 @@ void ReadItem(Checkpoint& c, Item& item, const EntryMeta* meta, const ChunkMeta*
   }
   OpenArchive(c, item, s, limit);
   torch::TorchFile tf = torch::ReadTorchZip(item.archive);
+  if (tf.byteorder != "little") Fail("the item was saved {}-endian", tf.byteorder);
   const torch::Model& m = tf.model;
   if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
   if (chunk == nullptr) {  // BYTE_IO: a torch.save'd object
@@ -328,7 +331,15 @@ void Resolve(Checkpoint& c) {
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.numel = 1;
-    for (int64_t d : e.shape) t.numel = CheckedMul(t.numel, static_cast<uint64_t>(d));
+    try {
+      for (int64_t d : e.shape) t.numel = CheckedMul(t.numel, static_cast<uint64_t>(d));
+      CheckedMul(t.numel, torch::ElementSize(t.dtype));
+    } catch (const Error&) {
+      AddProblem(c, e.fqn, fmt::format("its shape {} is too large", OffsetsText(e.shape)));
+      t.numel = 0;
+      c.tensors.push_back(std::move(t));
+      continue;
+    }
     bool readable = true;
     for (const ChunkMeta& cm : e.chunks) {
       Chunk ch{cm, -1};
@@ -421,35 +432,52 @@ void Resolve(Checkpoint& c) {
   }
 }
 
-// Merges per-rank metadata files into one view (writers without collectives).
-void Merge(Metadata& into, Metadata from) {
-  std::unordered_map<std::string, size_t> index;
-  for (size_t i = 0; i < into.entries.size(); ++i) index.emplace(into.entries[i].fqn, i);
-  for (EntryMeta& e : from.entries) {
-    auto it = index.find(e.fqn);
-    if (it == index.end()) {
-      index.emplace(e.fqn, into.entries.size());
-      into.entries.push_back(std::move(e));
-      continue;
-    }
-    EntryMeta& x = into.entries[it->second];
-    if (x.bytes != e.bytes || x.dtype != e.dtype || x.shape != e.shape)
-      Fail("'{}' is described differently by two metadata files", e.fqn);
-    for (ChunkMeta& cm : e.chunks) {
-      bool seen = false;
-      for (const ChunkMeta& y : x.chunks)
-        seen = seen || (y.offsets == cm.offsets && y.sizes == cm.sizes);
-      if (!seen) x.chunks.push_back(std::move(cm));
-    }
+// Merges per-rank metadata files into one view (writers without collectives): entries by
+// fqn, chunks by (offsets, sizes), in one pass over all of them.
+class MetadataMerger {
+ public:
+  explicit MetadataMerger(Metadata& into) : into_(into) {
+    for (size_t i = 0; i < into_.entries.size(); ++i) Index(i);
   }
-  for (StorageEntry& s : from.storage) {
-    s.info = pickle::kNil;  // not in `into`'s graph
-    into.storage.push_back(std::move(s));
+
+  void Add(Metadata from, const std::string& name) {
+    for (EntryMeta& e : from.entries) {
+      auto it = by_fqn_.find(e.fqn);
+      if (it == by_fqn_.end()) {
+        into_.entries.push_back(std::move(e));
+        Index(into_.entries.size() - 1);
+        continue;
+      }
+      EntryMeta& x = into_.entries[it->second];
+      if (x.bytes != e.bytes || x.dtype != e.dtype || x.shape != e.shape)
+        Fail("{}: '{}' is described differently than by the metadata files before it", name, e.fqn);
+      for (ChunkMeta& cm : e.chunks) {
+        if (chunks_.insert(ChunkKey(e.fqn, cm)).second) x.chunks.push_back(std::move(cm));
+      }
+    }
+    for (StorageEntry& st : from.storage) {
+      st.info = pickle::kNil;  // not in `into`'s graph
+      into_.storage.push_back(std::move(st));
+    }
+    into_.scan.findings.insert(into_.scan.findings.end(), from.scan.findings.begin(),
+                               from.scan.findings.end());
+    into_.scan.names.insert(into_.scan.names.end(), from.scan.names.begin(), from.scan.names.end());
   }
-  into.scan.findings.insert(into.scan.findings.end(), from.scan.findings.begin(),
-                            from.scan.findings.end());
-  into.scan.names.insert(into.scan.names.end(), from.scan.names.begin(), from.scan.names.end());
-}
+
+ private:
+  static std::string ChunkKey(const std::string& fqn, const ChunkMeta& cm) {
+    return KeyOf(fqn, cm.offsets) + "/" + KeyOf("", cm.sizes);
+  }
+  void Index(size_t i) {
+    const EntryMeta& e = into_.entries[i];
+    by_fqn_.emplace(e.fqn, i);
+    for (const ChunkMeta& cm : e.chunks) chunks_.insert(ChunkKey(e.fqn, cm));
+  }
+
+  Metadata& into_;
+  std::unordered_map<std::string, size_t> by_fqn_;
+  std::unordered_set<std::string> chunks_;
+};
 
 std::vector<std::string> MetadataFiles(const std::string& folder) {
   std::vector<std::string> out;
@@ -642,6 +670,7 @@ Checkpoint OpenDcp(const std::string& folder) {
     c.metadata_files = MetadataFiles(folder);
     if (c.metadata_files.empty())
       Fail("no .metadata file: not a torch.distributed.checkpoint folder");
+    std::optional<MetadataMerger> merger;
     for (size_t i = 0; i < c.metadata_files.size(); ++i) {
       const std::string& name = c.metadata_files[i];
       MappedFile m = MappedFile::Open((fs::path(folder) / name).string());
@@ -649,8 +678,9 @@ Checkpoint OpenDcp(const std::string& folder) {
       Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
       if (i == 0) {
         c.meta = std::move(md);
+        merger.emplace(c.meta);
       } else {
-        Merge(c.meta, std::move(md));
+        merger->Add(std::move(md), name);
       }
     }
     std::vector<std::string> paths;

@@ -114,6 +114,11 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
     if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
     for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
+      if (IsTempFileName(it->path().filename().string()) && it->is_directory(ec) &&
+          !it->is_symlink(ec)) {
+        it.disable_recursion_pending();  // a folder strip was building when it was stopped
+        continue;
+      }
       if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
       std::string p = it->path().string();
       // ckptool's own temp files (a run killed outright leaves them) are never inputs.

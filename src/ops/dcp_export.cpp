@@ -42,25 +42,36 @@ ExportResult ExportDcp(const std::string& folder, const std::string& to, const E
   LogicalModel m;
   m.inputs = all.inputs;
   uint64_t left_out = 0;
+  const std::vector<std::string>& drop = DefaultDropKeys();
+  const std::vector<std::string>& optim = OptimizerStateKeys();
+  auto training_state = [&](const std::string& name) {
+    std::string top = name.substr(0, name.find('.'));
+    return std::find(drop.begin(), drop.end(), top) != drop.end() ||
+           std::find(optim.begin(), optim.end(), top) != optim.end();
+  };
+  uint64_t outside = 0;  // neither selected nor training state
   for (LogicalTensor& t : all.tensors) {
     if (!select.empty()) {
-      if (!below(t.name, select)) continue;
-      t.name = t.name.substr(select.size() + 1);
-    } else {
-      const std::vector<std::string>& drop = DefaultDropKeys();
-      const std::vector<std::string>& optim = OptimizerStateKeys();
-      std::string top = t.name.substr(0, t.name.find('.'));
-      if (std::find(drop.begin(), drop.end(), top) != drop.end() ||
-          std::find(optim.begin(), optim.end(), top) != optim.end()) {
-        ++left_out;
+      if (!below(t.name, select)) {
+        outside += !training_state(t.name);
         continue;
       }
+      t.name = t.name.substr(select.size() + 1);
+    } else if (training_state(t.name)) {
+      ++left_out;
+      continue;
     }
     m.tensors.push_back(std::move(t));
   }
   if (m.tensors.empty()) Fail("{}: no tensors to export", folder);
   m.description = fmt::format("{}{}", all.description,
                               select.empty() ? "" : fmt::format(", fqns under '{}'", select));
+  if (outside && o.select.empty()) {
+    m.warnings.push_back(fmt::format(
+        "{} tensors outside '{}' (and not training state) left out; --select PREFIX picks "
+        "another prefix",
+        outside, select));
+  }
   if (left_out) {
     m.warnings.push_back(fmt::format(
         "{} training-state tensors left out (--select PREFIX exports what is under PREFIX)",

@@ -69,10 +69,8 @@ std::vector<std::string> ObjectGlobals(const dcp::Checkpoint& c, const dcp::Obje
 // Findings that mean a pickle could run code: the metadata's and every object's.
 std::vector<std::string> Unsafe(const dcp::Checkpoint& c) {
   std::vector<std::string> out;
-  for (const std::string& m : c.metadata_files) {
-    for (const torch::UnsafeFinding& u : c.meta.scan.findings)
-      out.push_back(fmt::format("{}: the pickle {}", m, u.what));
-  }
+  for (const torch::UnsafeFinding& u : c.meta.scan.findings)
+    out.push_back(fmt::format("{}: the pickle {}", fmt::join(c.metadata_files, ", "), u.what));
   for (const dcp::Object& o : c.objects) {
     if (o.item < 0) continue;
     for (const torch::UnsafeFinding& u : c.items[static_cast<size_t>(o.item)].scan.findings)
@@ -226,6 +224,7 @@ DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads) {
       });
   // Names of what each item holds, for the messages.
   std::vector<std::string> owner(c.items.size());
+  for (size_t i = 0; i < c.items.size(); ++i) owner[i] = c.meta.storage[c.items[i].entry].fqn;
   for (const dcp::Tensor& t : c.tensors) {
     for (const dcp::Chunk& ch : t.chunks) {
       if (ch.item >= 0)

@@ -16,6 +16,7 @@
 #include "dcp/dcp_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
+#include "io/file_copy.h"
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
 #include "pickle/writer.h"
@@ -216,7 +217,6 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     Fail("{}: exists; strip -o writes a new folder", o.output);
   TempFolder tmp{TempPathFor(dest.string())};
   fs::create_directory(tmp.path);
-  fs::permissions(tmp.path, fs::status(folder).permissions(), ec);
   std::vector<std::pair<uint32_t, uint32_t>> crcs(c.items.size(), {0, 0});  // (old, new)
   for (size_t f = 0; f < c.files.size(); ++f) {
     if (kept_items[f].empty()) continue;
@@ -245,10 +245,20 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     out.SetDefaultMode();
     out.Commit();
   }
+  // Other files (Megatron's common.pt, metadata.json) as they are, fsynced like the rest: the
+  // old folder goes once the new one is in place. A subfolder keeps the data files written
+  // into it above.
   for (const std::string& name : others) {
-    fs::copy(fs::path(folder) / name, fs::path(tmp.path) / name,
-             fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    fs::path from = fs::path(folder) / name, to = fs::path(tmp.path) / name;
+    if (fs::is_regular_file(fs::symlink_status(from))) {
+      CopyFileAtomically(MappedFile::Open(from.string()), to.string());
+    } else {
+      fs::copy(from, to,
+               fs::copy_options::recursive | fs::copy_options::copy_symlinks |
+                   fs::copy_options::skip_existing);
+    }
   }
+  fs::permissions(tmp.path, fs::status(folder).permissions(), ec);
   SyncFolder(tmp.path);
   // Read back: the kept tensors and objects, whole, and every kept item's bytes.
   WithContext(fmt::format("{}: verifying the new folder failed, nothing was replaced", folder),

@@ -757,3 +757,25 @@ class DcpFolderDiscoveryTest(CkptTestCase):
         # export needs the folder itself; a .distcp given alone is not a checkpoint file.
         p = run("inspect", os.path.join(step, "__0_0.distcp"), expect=None)
         self.assertNotIn("bad zip64", output(p))
+
+    def test_a_stopped_strips_temp_folder_is_not_a_checkpoint(self):
+        run_dir = self.path("run")
+        copy_case(self, "uneven_fp32", os.path.join(run_dir, "step-10"))
+        # What a strip killed mid-way leaves: a full folder under ckptool's temp name.
+        shutil.copytree(os.path.join(run_dir, "step-10"), os.path.join(run_dir, ".step-10.ckptool-tmp-999999-1"))
+        doc = json.loads(run("inspect", "--json", run_dir).stdout)
+        self.assertEqual([os.path.basename(d["folder"]) for d in doc["dcp"]], ["step-10"])
+
+    def test_export_warns_about_tensors_the_selection_leaves_out(self):
+        import torch as _t
+        folder = self.path("hf_like")
+        state = {"model.embed.weight": dcp.Shard(_t.randn(6, 4), 2, 0), "lm_head.weight": _t.randn(3, 4),
+                 "optim.state.lm_head.weight.exp_avg": _t.randn(3, 4)}
+        dcp.make_dcp_checkpoint(folder, state, world_size=2, cuda=False)
+        p = run("export", folder, "--to", self.path("out"))
+        self.assertIn("1 tensors outside 'model'", output(p))
+        _, got = read_safetensors(self, os.path.join(self.path("out"), "model.safetensors"))
+        self.assertEqual(sorted(got), ["embed.weight"])
+        # --select with the whole name space exports what the user names, without the warning.
+        p = run("export", folder, "--to", self.path("out2"), "--select", "lm_head")
+        self.assertNotIn("outside", output(p))

@@ -7,9 +7,11 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
+#include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/verify.h"
 
@@ -24,13 +26,39 @@ struct VerifyCliOptions {
 };
 
 int RunVerify(const VerifyCliOptions& o) {
+  std::vector<std::string> archives, paths;
+  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? archives : paths).push_back(p);
   std::vector<std::string> dcp_folders;
-  std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
-  if (files.empty() && dcp_folders.empty()) {
+  std::vector<std::string> files = ExpandInputs(paths, nullptr, &dcp_folders);
+  if (files.empty() && dcp_folders.empty() && archives.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
   size_t bad_files = 0, problems = 0;
+  // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
+  for (const std::string& path : archives) {
+    try {
+      ckz::Archive a = ckz::Archive::Open(path);
+      ArchiveVerifyResult r = VerifyArchive(a, o.threads);
+      for (const auto& p : r.problems) {
+        std::cout << Printable(fmt::format("{}: {}: {}", path, p.where, p.what)) << "\n";
+      }
+      problems += r.problems.size();
+      if (!r.problems.empty()) {
+        ++bad_files;
+      } else if (!o.quiet) {
+        size_t entries = a.index().entries.size();
+        std::cout << Printable(fmt::format(
+                         "{}: OK (ckz archive: {} entries, {} chunks decoded, {} CRC-checked)",
+                         path, entries, r.chunks, HumanBytes(r.bytes)))
+                  << "\n";
+      }
+    } catch (const Error& e) {
+      std::cout << Printable(e.what()) << "\n";
+      ++bad_files;
+      ++problems;
+    }
+  }
   for (const std::string& path : files) {
     try {
       CheckpointFile f = OpenCheckpoint(path);
@@ -58,7 +86,7 @@ int RunVerify(const VerifyCliOptions& o) {
     }
   }
   // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
-  for (const std::string& path : o.paths) {
+  for (const std::string& path : paths) {
     if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
     try {
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
@@ -107,7 +135,7 @@ int RunVerify(const VerifyCliOptions& o) {
   std::cout.flush();
   if (bad_files) {
     std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,
-                             bad_files, files.size() + dcp_folders.size());
+                             bad_files, files.size() + dcp_folders.size() + archives.size());
     return 1;
   }
   return 0;

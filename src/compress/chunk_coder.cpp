@@ -3,6 +3,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -78,11 +79,13 @@ struct ChunkCoder::Impl {
   ZSTD_CCtx* huf = nullptr;
   ZSTD_CCtx* lz = nullptr;
   ZSTD_DCtx* d = nullptr;
-  std::vector<uint8_t> planes;         // the split chunk
-  std::vector<uint8_t> candidate;      // a second coding of a plane (max)
-  std::vector<uint8_t> whole;          // the plain-zstd coding of the chunk
-  std::vector<uint8_t> check;          // the round-trip check's output
-  std::vector<const uint8_t*> starts;  // where each plane is while decoding
+  std::vector<uint8_t> planes;                      // the split chunk
+  std::vector<uint8_t> candidate;                   // a second coding of a plane (max)
+  std::vector<uint8_t> whole;                       // the plain-zstd coding of the chunk
+  std::vector<uint8_t> check;                       // the round-trip check's output
+  std::vector<const uint8_t*> starts;               // where each plane is while decoding
+  std::vector<ZSTD_Sequence> seqs;                  // block delimiters of a Huffman-coded plane
+  std::vector<uint32_t> run_elements[kTransforms];  // per transform: elements of each run
 
   explicit Impl(Level l) : level(l) {
     huf = ZSTD_createCCtx();
@@ -93,6 +96,9 @@ struct ChunkCoder::Impl {
       CheckZstd(ZSTD_CCtx_setParameter(huf, ZSTD_c_compressionLevel, 1), "set level");
       CheckZstd(ZSTD_CCtx_setParameter(huf, ZSTD_c_literalCompressionMode, ZSTD_ps_enable),
                 "set literal compression");
+      CheckZstd(
+          ZSTD_CCtx_setParameter(huf, ZSTD_c_blockDelimiters, ZSTD_sf_explicitBlockDelimiters),
+          "set block delimiters");
     } else {
       CheckZstd(ZSTD_CCtx_setParameter(huf, ZSTD_c_compressionLevel, 1), "set level");
     }
@@ -106,9 +112,46 @@ struct ChunkCoder::Impl {
   }
 
   // Huffman-coded literals in a zstd frame (or zstd -1 where that API is not available).
-  size_t Huffman(const uint8_t* src, size_t n, uint8_t* dst, size_t cap) {
-    size_t rc = HuffmanAvailable() ? ZSTD_compressSequences(huf, dst, cap, nullptr, 0, src, n)
-                                   : ZSTD_compress2(huf, dst, cap, src, n);
+  // `runs` (bytes of the plane per tensor run) cut the plane into literals-only blocks, each
+  // with its own Huffman table or the previous one reused when zstd finds that cheaper: one
+  // block per tensor, so tensors with different exponent ranges do not share a table.
+  // Small tensors are merged up to kMinBlock; a block is at most zstd's 128 KiB.
+  size_t Huffman(const uint8_t* src, size_t n, uint8_t* dst, size_t cap,
+                 const std::vector<uint32_t>& runs) {
+    if (!HuffmanAvailable()) {
+      size_t rc = ZSTD_compress2(huf, dst, cap, src, n);
+      CheckZstd(rc, "compression");
+      return rc;
+    }
+    constexpr uint32_t kMaxBlock = 128 << 10, kMinBlock = 2 << 10;
+    seqs.clear();
+    auto flush = [&](uint32_t len) {
+      while (len > 0) {
+        uint32_t b = std::min(len, kMaxBlock);
+        seqs.push_back(ZSTD_Sequence{0, b, 0, 0});
+        len -= b;
+      }
+    };
+    uint32_t pending = 0;
+    uint64_t covered = 0;
+    for (uint32_t r : runs) {
+      pending += r;
+      covered += r;
+      if (pending >= kMinBlock) {
+        flush(pending);
+        pending = 0;
+      }
+    }
+    if (covered != n) Fail("internal: plane runs cover {} of {} bytes", covered, n);
+    if (pending) {
+      // A short tail joins the block before it when that stays within the limit.
+      if (!seqs.empty() && seqs.back().litLength + pending <= kMaxBlock) {
+        seqs.back().litLength += pending;
+      } else {
+        flush(pending);
+      }
+    }
+    size_t rc = ZSTD_compressSequences(huf, dst, cap, seqs.data(), seqs.size(), src, n);
     CheckZstd(rc, "Huffman coding");
     return rc;
   }
@@ -122,7 +165,8 @@ struct ChunkCoder::Impl {
   int OtherLevel() const { return level == Level::kMax ? kLevelMax : kOtherLevelFast; }
 
   // Codes one plane into out[pos...] (room for ZSTD_compressBound(n)); returns its record.
-  Plane CodePlane(const uint8_t* src, size_t n, bool bytes_plane, uint8_t* dst) {
+  Plane CodePlane(const uint8_t* src, size_t n, bool bytes_plane, uint8_t* dst,
+                  const std::vector<uint32_t>& plane_runs) {
     Plane p;
     p.method = Method::kRaw;
     p.stored = static_cast<uint32_t>(n);
@@ -136,7 +180,7 @@ struct ChunkCoder::Impl {
           p.method = Method::kLz;
         }
       } else if (EntropyBytes({src, n}) < kTryBelow * static_cast<double>(n)) {
-        size_t h = Huffman(src, n, dst, cap);
+        size_t h = Huffman(src, n, dst, cap, plane_runs);
         if (h < best) {
           best = h;
           p.method = Method::kHuffman;
@@ -201,10 +245,16 @@ void ChunkCoder::Encode(Bytes src, const std::vector<Run>& runs, Chunk& chunk, s
   uint8_t* base = reinterpret_cast<uint8_t*>(out.data());
   chunk.coding = typed ? Coding::kTyped : Coding::kWhole;
   chunk.planes.clear();
+  for (auto& b : m.run_elements) b.clear();
+  for (const Run& r : runs) {
+    m.run_elements[static_cast<int>(r.transform)].push_back(r.length / ElementBytes(r.transform));
+  }
   size_t pos = header, in = 0;
   for (const PlaneShape& s : shapes) {
+    std::vector<uint32_t>& blocks = m.run_elements[static_cast<int>(s.transform)];
+    if (!typed) blocks = {s.size};
     chunk.planes.push_back(
-        m.CodePlane(planes + in, s.size, s.transform == Transform::kBytes, base + pos));
+        m.CodePlane(planes + in, s.size, s.transform == Transform::kBytes, base + pos, blocks));
     pos += chunk.planes.back().stored;
     in += s.size;
   }

@@ -150,9 +150,11 @@ uint64_t Chunk::stored_bytes() const {
 
 std::vector<Run> RunsOf(const std::vector<TypedRange>& ranges, uint64_t offset, uint64_t length) {
   std::vector<Run> runs;
+  // Runs of one transform stay apart when they touch (two tensors): the coder starts a new
+  // Huffman block at each run boundary. Plain-byte runs merge.
   auto add = [&](uint64_t n, Transform t) {
     if (n == 0) return;
-    if (!runs.empty() && runs.back().transform == t) {
+    if (!runs.empty() && runs.back().transform == t && t == Transform::kBytes) {
       runs.back().length += static_cast<uint32_t>(n);
     } else {
       runs.push_back({static_cast<uint32_t>(n), t});

@@ -41,13 +41,8 @@ std::vector<TypedRange> Normalize(std::vector<TypedRange> ranges, uint64_t file_
     if (r.offset > file_size || r.length > file_size - r.offset) continue;
     r.length -= r.length % ElementBytes(r.transform);
     if (r.length == 0 || r.offset < end) continue;
-    // Touching ranges of one transform become one (fewer runs per chunk).
-    if (!out.empty() && out.back().offset + out.back().length == r.offset &&
-        out.back().transform == r.transform) {
-      out.back().length += r.length;
-    } else {
-      out.push_back(r);
-    }
+    // Touching ranges stay apart: each tensor's exponents get their own Huffman blocks.
+    out.push_back(r);
     end = r.offset + r.length;
   }
   return out;

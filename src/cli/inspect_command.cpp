@@ -5,8 +5,10 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/inspect_output.h"
 #include "ops/zero_report.h"
@@ -23,14 +25,33 @@ struct InspectCliOptions {
 
 int RunInspect(const InspectCliOptions& o) {
   int rc = 0;
+  // .ckz archives (ckptool compress) are described from their index, without decoding.
+  std::vector<std::string> archives, paths;
+  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? archives : paths).push_back(p);
   std::vector<std::string> dcp_folders;
-  std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
-  if (files.empty() && dcp_folders.empty()) {
+  std::vector<std::string> files = ExpandInputs(paths, nullptr, &dcp_folders);
+  if (files.empty() && dcp_folders.empty() && archives.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   bool first = true;
+  for (const std::string& path : archives) {
+    try {
+      ckz::Archive a = ckz::Archive::Open(path);
+      if (o.json) {
+        doc["archives"].push_back(RenderArchiveJson(a));
+      } else {
+        if (!first) std::cout << "\n";
+        std::cout << RenderArchiveText(a, o.top);
+        first = false;
+      }
+    } catch (const Error& e) {
+      PrintError(e.what());
+      if (o.json) doc["archives"].push_back({{"path", path}, {"error", e.what()}});
+      rc = 1;
+    }
+  }
   for (const std::string& path : files) {
     try {
       CheckpointFile f = OpenCheckpoint(path);
@@ -49,7 +70,7 @@ int RunInspect(const InspectCliOptions& o) {
     }
   }
   // A DeepSpeed ZeRO checkpoint is also described as the one model its rank files make.
-  for (const std::string& path : o.paths) {
+  for (const std::string& path : paths) {
     if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
     try {
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
       ckpt::cli::AddStrip);
   add("prune", "Retention policy for a folder of checkpoints (dry run unless --yes)",
       ckpt::cli::AddPrune);
+  add("compress", "Lossless tensor-aware archive of files or folders (PATH -> PATH.ckz)",
+      ckpt::cli::AddCompress);
+  add("decompress", "Restore a .ckz archive bit for bit (X.ckz -> X)", ckpt::cli::AddDecompress);
 
   try {
     app.parse(argc, argv);

@@ -7,9 +7,11 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
+#include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/verify.h"
 
@@ -64,13 +66,27 @@ class Tally {
 };
 
 int RunVerify(const VerifyCliOptions& o) {
+  std::vector<std::string> archives, paths;
+  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? archives : paths).push_back(p);
   std::vector<std::string> dcp_folders;
-  std::vector<std::string> files = ExpandInputs(o.paths, nullptr, &dcp_folders);
-  if (files.empty() && dcp_folders.empty()) {
+  std::vector<std::string> files = ExpandInputs(paths, nullptr, &dcp_folders);
+  if (files.empty() && dcp_folders.empty() && archives.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
   Tally tally(o.quiet);
+  // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
+  for (const std::string& path : archives) {
+    tally.Check(path, [&] {
+      ckz::Archive a = ckz::Archive::Open(path);
+      ArchiveVerifyResult r = VerifyArchive(a, o.threads);
+      return Outcome{std::move(r.problems),
+                     fmt::format("{}: OK (ckz archive: {} entries, {} chunks decoded, {} "
+                                 "CRC-checked)",
+                                 path, a.index().entries.size(), r.chunks, HumanBytes(r.bytes)),
+                     {}};
+    });
+  }
   for (const std::string& path : files) {
     tally.Check(path, [&] {
       CheckpointFile f = OpenCheckpoint(path);
@@ -85,7 +101,7 @@ int RunVerify(const VerifyCliOptions& o) {
     });
   }
   // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
-  for (const std::string& path : o.paths) {
+  for (const std::string& path : paths) {
     if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
     tally.Check(path, [&] {
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
@@ -113,7 +129,7 @@ int RunVerify(const VerifyCliOptions& o) {
   std::cout.flush();
   if (bad_files) {
     std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,
-                             bad_files, files.size() + dcp_folders.size());
+                             bad_files, files.size() + dcp_folders.size() + archives.size());
     return 1;
   }
   return 0;

@@ -155,6 +155,12 @@ void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint
   }
 }
 
+void AtomicOutput::Truncate(uint64_t size) {
+  dirty_ = true;
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    FailErrno(final_path_, "cannot set the new file's size", errno);
+}
+
 void AtomicOutput::Sync() {
   if (::fsync(fd_) != 0) FailErrno(final_path_, "fsync of the new file failed", errno);
   dirty_ = false;

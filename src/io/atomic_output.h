@@ -42,6 +42,10 @@ class AtomicOutput {
   // (copy_file_range), else through a buffer.
   void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size);
 
+  // Bounded-size mode: Create() reserved an upper bound; this cuts the file to the size
+  // actually written (an archive whose compressed size is known only at the end).
+  void Truncate(uint64_t size);
+
   // fsyncs the data; Commit() skips its own fsync when nothing changed since.
   void Sync();
   // Gives the file this mode (and owner, when allowed) before it becomes visible. Without

@@ -1,0 +1,253 @@
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "base/utf8.h"
+#include "cli/batch.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "compress/archive.h"
+#include "io/parallel.h"
+#include "ops/compress.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct CompressCliOptions {
+  std::vector<std::string> paths;
+  std::string output;
+  bool to_stdout = false;
+  bool force = false;
+  bool remove_input = false;
+  unsigned threads = DefaultThreads();
+  std::string level = "fast";
+  bool json = false;
+  bool quiet = false;
+};
+
+uint64_t TreeBytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    uint64_t n = fs::file_size(path, ec);
+    return ec ? 0 : n;
+  }
+  uint64_t total = 0;
+  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+// Results go to stdout, or to stderr when stdout carries the data (-c).
+void Say(bool to_stderr, const std::string& line) {
+  if (to_stderr) {
+    std::fprintf(stderr, "%s\n", Printable(line).c_str());
+  } else {
+    std::cout << Printable(line) << "\n";
+  }
+}
+
+int CheckCommon(const std::vector<std::string>& paths, const std::string& output, bool to_stdout,
+                bool remove_input) {
+  if (!output.empty() && paths.size() > 1) {
+    PrintError("-o names one output: give one input with it");
+    return 2;
+  }
+  if (to_stdout && paths.size() > 1) {
+    PrintError("-c streams one input: give one input with it");
+    return 2;
+  }
+  if (to_stdout && !output.empty()) {
+    PrintError("-c and -o cannot be used together");
+    return 2;
+  }
+  if (to_stdout && remove_input) {
+    PrintError("--rm cannot be used with -c");
+    return 2;
+  }
+  return 0;
+}
+
+int RunCompress(const CompressCliOptions& o) {
+  if (int rc = CheckCommon(o.paths, o.output, o.to_stdout, o.remove_input)) return rc;
+  if (o.to_stdout && ::isatty(STDOUT_FILENO)) {
+    PrintError("stdout is a terminal: not writing an archive to it (redirect it, or drop -c)");
+    return 1;
+  }
+  CompressOptions co;
+  co.level = o.level == "max" ? ckz::Level::kMax : ckz::Level::kFast;
+  co.threads = std::max(1u, o.threads);
+  co.output = o.output;
+  co.to_stdout = o.to_stdout;
+  co.force = o.force;
+  co.remove_input = o.remove_input;
+  uint64_t total = 0;
+  for (const std::string& p : o.paths) total += TreeBytes(p);
+  int rc = 0;
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  uint64_t before = 0, after = 0;
+  {
+    bool progress_on = !o.json && !o.quiet && StderrIsTerminal();
+    Progress progress("compress", total, progress_on);
+    co.bytes_done = &progress.bytes_done();
+    for (const std::string& path : o.paths) {
+      try {
+        CompressResult r = CompressPath(path, co);
+        progress.FileDone();
+        before += r.before;
+        after += r.after;
+        for (const std::string& w : r.warnings)
+          std::fprintf(stderr, "ckptool: warning: %s\n", Printable(w).c_str());
+        if (o.json) {
+          doc["files"].push_back({{"input", r.input},
+                                  {"output", r.output},
+                                  {"before", r.before},
+                                  {"after", r.after},
+                                  {"files", r.files},
+                                  {"chunks", r.chunks},
+                                  {"tensors", r.tensors},
+                                  {"plain_zstd_chunks", r.whole_chunks},
+                                  {"removed", r.removed}});
+        } else if (!o.quiet) {
+          if (progress_on) std::fputs("\r\033[K", stderr);
+          Say(o.to_stdout,
+              fmt::format(
+                  "{}: {} -> {} ({:.3f}x, {}){}{}", r.input, HumanBytes(r.before),
+                  HumanBytes(r.after),
+                  r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
+                  Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
+                  r.removed ? " (original removed)" : ""));
+        }
+      } catch (const std::exception& e) {
+        rc = 1;
+        PrintError(NamingFile(path, e.what()));
+        if (o.json) doc["files"].push_back({{"input", path}, {"error", e.what()}});
+      }
+    }
+  }
+  if (o.json) {
+    doc["before"] = before;
+    doc["after"] = after;
+    if (o.to_stdout) {
+      std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
+    } else {
+      PrintJson(doc);
+    }
+  }
+  return rc;
+}
+
+struct DecompressCliOptions {
+  std::vector<std::string> paths;
+  std::string output;
+  bool to_stdout = false;
+  bool force = false;
+  bool remove_input = false;
+  unsigned threads = DefaultThreads();
+  bool json = false;
+  bool quiet = false;
+};
+
+int RunDecompress(const DecompressCliOptions& o) {
+  if (int rc = CheckCommon(o.paths, o.output, o.to_stdout, o.remove_input)) return rc;
+  DecompressOptions d;
+  d.threads = std::max(1u, o.threads);
+  d.output = o.output;
+  d.to_stdout = o.to_stdout;
+  d.force = o.force;
+  d.remove_input = o.remove_input;
+  uint64_t total = 0;
+  for (const std::string& p : o.paths) {
+    try {
+      ckz::Archive a = ckz::Archive::Open(p);
+      for (const ckz::Entry& e : a.index().entries) total += e.size;
+    } catch (const Error&) {
+      // Reported when the archive's turn comes.
+    }
+  }
+  int rc = 0;
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  {
+    bool progress_on = !o.json && !o.quiet && StderrIsTerminal();
+    Progress progress("decompress", total, progress_on);
+    d.bytes_done = &progress.bytes_done();
+    for (const std::string& path : o.paths) {
+      try {
+        DecompressResult r = DecompressArchive(path, d);
+        progress.FileDone();
+        if (o.json) {
+          doc["files"].push_back({{"input", r.input},
+                                  {"output", r.output},
+                                  {"archive_bytes", r.archive_bytes},
+                                  {"restored_bytes", r.restored_bytes},
+                                  {"files", r.files},
+                                  {"removed", r.removed}});
+        } else if (!o.quiet) {
+          if (progress_on) std::fputs("\r\033[K", stderr);
+          Say(o.to_stdout,
+              fmt::format("{}: {} -> {}, {} files{}{}", r.input, HumanBytes(r.archive_bytes),
+                          HumanBytes(r.restored_bytes), r.files, o.to_stdout ? "" : " " + r.output,
+                          r.removed ? " (archive removed)" : ""));
+        }
+      } catch (const std::exception& e) {
+        rc = 1;
+        PrintError(NamingFile(path, e.what()));
+        if (o.json) doc["files"].push_back({{"input", path}, {"error", e.what()}});
+      }
+    }
+  }
+  if (o.json) {
+    if (o.to_stdout) {
+      std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
+    } else {
+      PrintJson(doc);
+    }
+  }
+  return rc;
+}
+
+void AddOutputFlags(CLI::App& app, std::string* output, bool* to_stdout, bool* force,
+                    bool* remove_input, unsigned* threads, bool* json, bool* quiet) {
+  app.add_option("-o,--output", *output, "Output path (one input only)");
+  app.add_flag("-c,--stdout", *to_stdout, "Write to stdout (one input only)");
+  app.add_flag("-f,--force", *force, "Replace an existing output");
+  app.add_flag("--rm", *remove_input,
+               "Remove the input once the output is written, fsynced and verified");
+  app.add_option("-j,--threads", *threads, "Threads")->capture_default_str();
+  app.add_flag("--json", *json, "Print a JSON report");
+  app.add_flag("-q,--quiet", *quiet, "Print only errors");
+}
+
+}  // namespace
+
+Runner AddCompress(CLI::App& app) {
+  auto o = std::make_shared<CompressCliOptions>();
+  app.add_option("paths", o->paths, "Files or folders; each becomes PATH.ckz")->required();
+  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->threads, &o->json,
+                 &o->quiet);
+  app.add_option("--level", o->level,
+                 "fast: Huffman-coded planes (GB/s); max: also LZ on every plane and plain "
+                 "zstd -19 on every chunk, the smallest kept (slow)")
+      ->check(CLI::IsMember({"fast", "max"}))
+      ->capture_default_str();
+  return [o] { return RunCompress(*o); };
+}
+
+Runner AddDecompress(CLI::App& app) {
+  auto o = std::make_shared<DecompressCliOptions>();
+  app.add_option("archives", o->paths, ".ckz archives; X.ckz becomes X")->required();
+  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->threads, &o->json,
+                 &o->quiet);
+  return [o] { return RunDecompress(*o); };
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,106 @@
+#include "compress/archive.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+#include "io/crc32.h"
+
+namespace ckpt::ckz {
+
+bool LooksLikeArchive(Bytes head) {
+  return head.size() >= sizeof kMagic && std::memcmp(head.data(), kMagic, sizeof kMagic) == 0;
+}
+
+bool IsArchiveFile(const std::string& path) {
+  try {
+    MappedFile m = MappedFile::Open(path);
+    return LooksLikeArchive(m.bytes());
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+Archive Archive::Open(const std::string& path) {
+  Archive a;
+  a.name_ = path;
+  a.map_ = MappedFile::Open(path);
+  a.bytes_ = a.map_.bytes();
+  WithContext(path, [&] { a.Load(); });
+  return a;
+}
+
+Archive Archive::FromBytes(Bytes bytes, std::string name) {
+  Archive a;
+  a.name_ = std::move(name);
+  a.bytes_ = bytes;
+  WithContext(a.name_, [&] { a.Load(); });
+  return a;
+}
+
+void Archive::Load() {
+  CheckFileHeader(bytes_);
+  TrailerInfo t = ParseTrailer(bytes_);
+  Bytes frame = bytes_.subspan(t.index_offset, t.index_frame);
+  if (Crc32(0, frame) != t.index_crc) Fail("the index is damaged (checksum mismatch)");
+  unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (content != t.index_raw) Fail("the index frame does not hold {} bytes", t.index_raw);
+  std::string raw(t.index_raw, '\0');
+  size_t got = ZSTD_decompress(raw.data(), raw.size(), frame.data(), frame.size());
+  if (ZSTD_isError(got) || got != raw.size()) Fail("the index does not decode");
+  index_ = ParseIndex(AsBytes(raw), bytes_.size(), t.index_offset);
+  index_frame_ = t.index_frame;
+}
+
+Bytes Archive::ChunkBytes(size_t k) const {
+  const Chunk& c = index_.chunks.at(k);
+  return Slice(bytes_, c.archive_offset, c.stored_bytes());
+}
+
+std::vector<Run> Archive::ChunkRuns(size_t k) const {
+  const Chunk& c = index_.chunks.at(k);
+  if (c.coding == Coding::kWhole) return {{c.length, Transform::kBytes}};
+  return RunsOf(index_.entries.at(c.file).ranges, c.offset, c.length);
+}
+
+std::string Archive::DescribeChunk(size_t k) const {
+  const Chunk& c = index_.chunks.at(k);
+  const Entry& e = index_.entries.at(c.file);
+  uint64_t end = c.offset + c.length;
+  std::vector<std::string> names;
+  size_t more = 0;
+  for (const TensorInfo& t : e.tensors) {
+    if (t.end <= c.offset || t.begin >= end || t.begin == t.end) continue;
+    if (names.size() < 3) {
+      names.push_back("'" + t.name + "'");
+    } else {
+      ++more;
+    }
+  }
+  std::string what;
+  if (!names.empty()) {
+    what = names.size() == 1 && more == 0 ? ", tensor " : ", tensors ";
+    for (size_t i = 0; i < names.size(); ++i) what += (i ? ", " : "") + names[i];
+    if (more) what += fmt::format(" and {} more", more);
+  }
+  std::string path = e.path.empty() ? "." : e.path;
+  return fmt::format("{}: chunk {} (bytes {}-{}{})", path, k, c.offset, end - 1, what);
+}
+
+void Archive::DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
+  const Chunk& c = index_.chunks.at(k);
+  // Mapped in one go and dropped after: memory stays flat however large the archive.
+  bool mapped = map_.bytes().data() == bytes_.data() && bytes_.data() != nullptr;
+  if (mapped) map_.Populate(c.archive_offset, c.stored_bytes());
+  try {
+    coder.Decode(ChunkBytes(k), c, ChunkRuns(k), dst);
+  } catch (const Error& e) {
+    if (mapped) map_.Release(c.archive_offset, c.stored_bytes());
+    Fail("{}: {}: {}: the archive is damaged", name_, DescribeChunk(k), e.what());
+  }
+  if (mapped) map_.Release(c.archive_offset, c.stored_bytes());
+}
+
+}  // namespace ckpt::ckz

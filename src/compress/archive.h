@@ -1,0 +1,53 @@
+// Reading a .ckz archive (format.h): the trailer and index are read and fully validated when
+// it is opened; chunks are then decoded one at a time, at random, by any number of threads
+// (each with its own ChunkCoder). Every error names the archive, and the file and tensor a
+// damaged chunk belongs to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/byte_cursor.h"
+#include "compress/chunk_coder.h"
+#include "compress/format.h"
+#include "io/mapped_file.h"
+
+namespace ckpt::ckz {
+
+// Does the file start with the .ckz magic number?
+bool LooksLikeArchive(Bytes head);
+bool IsArchiveFile(const std::string& path);
+
+class Archive {
+ public:
+  // Maps and validates `path`. Throws ckpt::Error("<path>: <what>").
+  static Archive Open(const std::string& path);
+  // The same over bytes in memory (tests, fuzzing); `name` is used in messages.
+  static Archive FromBytes(Bytes bytes, std::string name);
+
+  const std::string& name() const { return name_; }
+  const Index& index() const { return index_; }
+  Bytes bytes() const { return bytes_; }
+  const MappedFile& map() const { return map_; }
+  uint64_t index_frame_bytes() const { return index_frame_; }
+
+  // The chunk's stored bytes (header and planes).
+  Bytes ChunkBytes(size_t k) const;
+  std::vector<Run> ChunkRuns(size_t k) const;
+  // "path/in/archive: chunk 12 (bytes 12582912-13631487, tensor 'layers.3.w')".
+  std::string DescribeChunk(size_t k) const;
+  // Decodes chunk k into dst (its length); throws naming the archive, file and tensor.
+  void DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const;
+
+ private:
+  void Load();
+
+  std::string name_;
+  MappedFile map_;
+  Bytes bytes_;
+  Index index_;
+  uint64_t index_frame_ = 0;
+};
+
+}  // namespace ckpt::ckz

@@ -1,0 +1,37 @@
+// Where a file's tensor elements are, and how the file is cut into chunks.
+//
+// The checkpoint readers (torch zip and legacy, safetensors) give every storage's or
+// tensor's byte range and dtype; those ranges become typed ranges (bf16, f32, f16, f64;
+// complex types as their float parts). Everything else (pickles, zip headers, json, other
+// dtypes, files that are not checkpoints or do not parse) is plain bytes. Chunks are
+// 256 KiB-1 MiB of original bytes: a tensor that does not fit in the current chunk starts a
+// new one once that chunk holds 256 KiB, big tensors are cut into 1 MiB pieces at element
+// boundaries, and small tensors and the bytes between them share chunks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/byte_cursor.h"
+#include "compress/format.h"
+
+namespace ckpt::ckz {
+
+struct FileLayout {
+  FileFormat format = FileFormat::kOther;
+  std::vector<TypedRange> ranges;   // sorted, disjoint, whole elements
+  std::vector<TensorInfo> tensors;  // for naming chunks and for inspect
+};
+
+// Never throws for bad input: a file that does not parse is plain bytes.
+FileLayout AnalyzeFile(Bytes file);
+
+struct ChunkSpan {
+  uint64_t offset = 0;
+  uint32_t length = 0;
+};
+
+std::vector<ChunkSpan> PlanChunks(uint64_t size, const std::vector<TypedRange>& ranges,
+                                  uint64_t min_chunk = kMinChunk, uint64_t max_chunk = kMaxChunk);
+
+}  // namespace ckpt::ckz

@@ -1,0 +1,98 @@
+// `ckptool compress` / `decompress`, and inspect / verify of .ckz archives (compress/format.h).
+//
+// compress: a file becomes FILE.ckz, a folder DIR.ckz holding every file, folder and symlink
+// below it with its relative path, mode and mtime. Files are read through the map, analysed
+// by the checkpoint readers (compress/layout.h), cut into chunks that are coded in parallel
+// (compress/chunk_coder.h) and appended in order to a temp file that reserves an upper bound
+// of the archive's size; the footer index follows; the temp file is cut to size, fsynced and
+// renamed into place. Every chunk is decoded again right after it is coded. With --rm the
+// written archive is also read back from disk and fully decoded before the originals go.
+//
+// decompress: every chunk is decoded and its CRC32 checked before its bytes are written; a
+// file is written to a temp file (a folder to a temp folder) and renamed into place only when
+// every chunk and the whole file's CRC32 matched, mode and mtime set. -c streams a one-file
+// archive to stdout (each chunk checked before it is written).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compress/archive.h"
+#include "compress/chunk_coder.h"
+#include "torch/model.h"
+
+namespace ckpt {
+
+struct CompressOptions {
+  ckz::Level level = ckz::Level::kFast;
+  unsigned threads = 1;
+  std::string output;                           // -o; default PATH.ckz
+  bool to_stdout = false;                       // -c
+  bool force = false;                           // -f: replace an existing output
+  bool remove_input = false;                    // --rm
+  std::atomic<uint64_t>* bytes_done = nullptr;  // progress: input bytes coded
+};
+
+struct CodingStats {
+  uint64_t original = 0;  // bytes of input
+  uint64_t stored = 0;    // plane bytes they became
+};
+
+struct CompressResult {
+  std::string input;
+  std::string output;   // "-" for stdout
+  uint64_t before = 0;  // bytes of all files
+  uint64_t after = 0;   // archive bytes
+  uint64_t files = 0;
+  uint64_t chunks = 0;
+  uint64_t tensors = 0;
+  uint64_t whole_chunks = 0;  // chunks where plain zstd won
+  CodingStats by_transform[ckz::kTransforms];
+  std::vector<std::string> warnings;  // entries skipped (sockets, devices...)
+  bool removed = false;               // --rm removed the input
+};
+
+CompressResult CompressPath(const std::string& path, const CompressOptions& o);
+
+struct DecompressOptions {
+  unsigned threads = 1;
+  std::string output;
+  bool to_stdout = false;
+  bool force = false;
+  bool remove_input = false;
+  std::atomic<uint64_t>* bytes_done = nullptr;
+};
+
+struct DecompressResult {
+  std::string input;
+  std::string output;
+  uint64_t archive_bytes = 0;
+  uint64_t restored_bytes = 0;
+  uint64_t files = 0;
+  bool removed = false;
+};
+
+DecompressResult DecompressArchive(const std::string& path, const DecompressOptions& o);
+
+// The output a compress or decompress of `path` writes by default.
+std::string DefaultArchiveName(const std::string& path);
+std::string DefaultRestoredName(const std::string& archive);  // "" when it has no .ckz suffix
+
+// inspect: what the archive holds and how each kind of bytes was coded, without decoding.
+std::string RenderArchiveText(const ckz::Archive& a, size_t top);
+nlohmann::ordered_json RenderArchiveJson(const ckz::Archive& a);
+
+// verify: decodes every chunk in parallel and checks every checksum; one problem per bad
+// chunk (naming the file and tensors it holds) and per file whose checksum fails.
+struct ArchiveVerifyResult {
+  std::vector<torch::Problem> problems;
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;  // original bytes decoded and checked
+};
+ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads);
+
+}  // namespace ckpt

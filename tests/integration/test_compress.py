@@ -1,0 +1,368 @@
+"""ckptool compress / decompress against real torch.save files: byte-identical restores of every
+kind of checkpoint and of whole folders (paths, modes, mtimes, symlinks), smaller than plain
+zstd -19 on realistic weights, the zstd/xz command-line conventions, and damaged archives
+refused with one clear error and never a wrong restored file."""
+import hashlib
+import json
+import os
+import random
+import stat
+import struct
+import subprocess
+import unittest
+
+import torch
+import zstandard
+
+from ckpt_testlib import CKPTOOL, CkptTestCase, read_bytes, run
+
+SANITIZED = os.environ.get("CKPT_SANITIZED", "0") in ("1", "ON", "TRUE", "true")
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def weights(n, seed=0):
+    """Realistic weights: torch.randn * 0.02 has the exponent statistics of trained layers."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g) * 0.02
+
+
+def state_dict(elements, dtype, layers=8, seed=0):
+    per = elements // layers
+    sd = {}
+    for i in range(layers):
+        sd[f"model.layers.{i}.weight"] = weights(per, seed + i).view(-1, 256).to(dtype)
+        sd[f"model.layers.{i}.bias"] = weights(256, seed + 100 + i).to(dtype)
+    return sd
+
+
+def write_safetensors(path, tensors):
+    header, blobs, pos = {}, [], 0
+    codes = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bfloat16 \
+            else t.contiguous().view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [pos, pos + len(raw)]}
+        blobs.append(raw)
+        pos += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def zstd_size(path, level):
+    return len(zstandard.ZstdCompressor(level=level).compress(read_bytes(path)))
+
+
+def tree(root):
+    """Every entry below root: relative path -> (kind, mode, mtime_ns, content or target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(p), st.st_mtime_ns)
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+            else:
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns, sha256(p))
+    st = os.stat(root)
+    out["."] = ("dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+    return out
+
+
+class CompressRoundTrip(CkptTestCase):
+    def roundtrip(self, path, *flags):
+        """compress PATH, decompress to PATH.restored; asserts the same bytes; archive size."""
+        run("compress", "-q", *flags, path)
+        archive = path + ".ckz"
+        self.assertTrue(os.path.exists(archive))
+        self.assertTrue(os.path.exists(path), "the original is kept without --rm")
+        restored = path + ".restored"
+        run("decompress", "-q", "-f", archive, "-o", restored)
+        self.assertEqual(sha256(restored), sha256(path))
+        self.assertEqual(stat.S_IMODE(os.stat(restored).st_mode), stat.S_IMODE(os.stat(path).st_mode))
+        self.assertEqual(os.stat(restored).st_mtime_ns, os.stat(path).st_mtime_ns)
+        run("verify", archive)
+        return os.path.getsize(archive)
+
+    def test_fp32_bf16_fp16_restore_byte_identical_and_load(self):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            with self.subTest(dtype=dtype):
+                p = self.path(f"model_{str(dtype)[6:]}.pt")
+                sd = state_dict(1 << 20, dtype)
+                torch.save(sd, p)
+                self.roundtrip(p)
+                back = torch.load(p + ".restored")
+                for k, v in sd.items():
+                    self.assertTrue(torch.equal(back[k], v), k)
+
+    def test_smaller_than_zstd_19_on_realistic_fp32_and_bf16_weights(self):
+        # Targets of the issue: >= 5% smaller than zstd -19 for fp32, >= 10% for bf16, and
+        # never larger for any dtype (fp16 and an AdamW state included).
+        n = (1 << 19) if SANITIZED else (1 << 21)
+        for dtype, margin in ((torch.float32, 0.95), (torch.bfloat16, 0.90), (torch.float16, 1.0)):
+            with self.subTest(dtype=dtype):
+                p = self.path(f"w_{str(dtype)[6:]}.pt")
+                torch.save(state_dict(n, dtype, seed=7), p)
+                ours = self.roundtrip(p)
+                z19 = zstd_size(p, 19)
+                self.assertLess(ours, z19 * margin, f"ckz {ours} vs zstd -19 {z19}")
+
+    def test_adamw_state_never_larger_than_zstd_19(self):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(32, 256)).square().mean().backward()
+            opt.step()
+        p = self.path("optim.pt")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, p)
+        for level in ("fast", "max"):
+            with self.subTest(level=level):
+                ours = self.roundtrip(p, "-f", "--level", level)
+                self.assertLessEqual(ours, zstd_size(p, 19), level)
+
+    def test_model_with_many_tensors(self):
+        sd = {f"blocks.{i}.{k}": weights(64 + i % 50, i).to(torch.bfloat16 if i % 3 else torch.float32)
+              for i in range(600) for k in ("w", "b")}
+        sd["step"] = 1000
+        sd["names"] = [f"layer{i}" for i in range(50)]
+        p = self.path("many.pt")
+        torch.save(sd, p)
+        self.roundtrip(p)
+        doc = json.loads(run("inspect", "--json", p + ".ckz").stdout)
+        entry = doc["archives"][0]["entries"][0]
+        self.assertEqual(entry["format"], "torch-zip")
+        self.assertEqual(len(entry["tensors"]), 1200)
+
+    def test_legacy_file(self):
+        p = self.path("legacy.pt")
+        torch.save(state_dict(1 << 18, torch.float32), p, _use_new_zipfile_serialization=False)
+        self.roundtrip(p)
+        doc = json.loads(run("inspect", "--json", p + ".ckz").stdout)
+        self.assertEqual(doc["archives"][0]["entries"][0]["format"], "torch-legacy")
+        planes = {x["name"]: x for x in doc["archives"][0]["planes"]}
+        self.assertIn("f32 exponent", planes)
+
+    def test_safetensors_file(self):
+        p = self.path("model.safetensors")
+        tensors = {"a": weights(300000).to(torch.bfloat16), "b": weights(70001, 1),
+                   "c": weights(5, 2).to(torch.float16), "ids": torch.arange(1000)}
+        write_safetensors(p, tensors)
+        self.roundtrip(p)
+        doc = json.loads(run("inspect", "--json", p + ".ckz").stdout)
+        self.assertEqual(doc["archives"][0]["entries"][0]["format"], "safetensors")
+
+    def test_not_a_checkpoint_and_incompressible_bytes(self):
+        p = self.path("random.bin")
+        with open(p, "wb") as f:
+            f.write(os.urandom(3 << 20) + b"\0" * 1000)
+        size = self.roundtrip(p)
+        self.assertLess(size, os.path.getsize(p) + 4096, "never much bigger than the input")
+        e = self.path("empty")
+        open(e, "wb").close()
+        self.roundtrip(e)
+
+    def test_repeated_rows_fall_back_to_plain_zstd(self):
+        # Data with LZ structure the planes cannot see: each chunk falls back to plain zstd,
+        # so the archive is no bigger than zstd -3 of each 1 MiB piece on its own (chunks are
+        # independent: repeats further apart than a chunk are not found; whole-file zstd
+        # does find them).
+        row = weights(4096, 3)
+        p = self.path("tiled.pt")
+        torch.save({"w": row.repeat(256, 1)}, p)
+        ours = self.roundtrip(p)
+        data = read_bytes(p)
+        z = zstandard.ZstdCompressor(level=3)
+        pieces = sum(len(z.compress(data[i:i + (1 << 20)])) for i in range(0, len(data), 1 << 20))
+        self.assertLessEqual(ours, pieces + 1024)
+        doc = json.loads(run("inspect", "--json", p + ".ckz").stdout)
+        self.assertGreater(doc["archives"][0]["plain_zstd_chunks"], 0)
+
+    def test_folder_keeps_paths_modes_mtimes_and_symlinks(self):
+        root = self.path("checkpoint-500")
+        os.makedirs(os.path.join(root, "sub", "deeper"))
+        os.makedirs(os.path.join(root, "empty_dir"))
+        torch.save(state_dict(1 << 18, torch.bfloat16), os.path.join(root, "pytorch_model.bin"))
+        write_safetensors(os.path.join(root, "model.safetensors"), {"w": weights(100000)})
+        with open(os.path.join(root, "config.json"), "w") as f:
+            json.dump({"hidden_size": 256, "layers": 8}, f)
+        with open(os.path.join(root, "tokenizer.json"), "w") as f:
+            json.dump({"vocab": {f"tok{i}": i for i in range(5000)}}, f)
+        with open(os.path.join(root, "sub", "deeper", "notes.txt"), "w") as f:
+            f.write("hello\n")
+        open(os.path.join(root, "sub", "empty"), "w").close()
+        run_sh = os.path.join(root, "run.sh")
+        with open(run_sh, "w") as f:
+            f.write("#!/bin/sh\necho hi\n")
+        os.chmod(run_sh, 0o755)
+        os.chmod(os.path.join(root, "config.json"), 0o600)
+        os.symlink("pytorch_model.bin", os.path.join(root, "latest"))
+        os.symlink("../outside", os.path.join(root, "sub", "dangling"))
+        os.chmod(os.path.join(root, "sub"), 0o750)
+        for i, (dirpath, dirnames, filenames) in enumerate(sorted(os.walk(root), reverse=True)):
+            for name in filenames + dirnames:
+                os.utime(os.path.join(dirpath, name), ns=(1, 1_600_000_000_123_456_789 + i), follow_symlinks=False)
+        os.utime(root, ns=(1, 1_500_000_000_000_000_001))
+        before = tree(root)
+
+        run("compress", "-q", root + "/")
+        archive = root + ".ckz"
+        restored = self.path("restored")
+        run("decompress", "-q", archive, "-o", restored)
+        self.assertEqual(tree(restored), before)
+        run("verify", archive)
+        text = run("inspect", archive).stdout
+        self.assertIn("pytorch_model.bin", text)
+        self.assertIn("bf16 exponent", text)
+
+        # Default name: DIR.ckz -> DIR, refused while DIR exists, replaced with -f.
+        p = run("decompress", archive, expect=1)
+        self.assertIn("already exists", p.stderr)
+        with open(os.path.join(root, "config.json"), "w") as f:
+            f.write("changed")
+        run("decompress", "-q", "-f", archive)
+        self.assertEqual(tree(root), before)
+        self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
+
+    def test_rm_removes_the_original_only_after_success(self):
+        p = self.path("model.pt")
+        torch.save(state_dict(1 << 16, torch.float32), p)
+        digest = sha256(p)
+        out = run("compress", "--rm", p).stdout
+        self.assertIn("original removed", out)
+        self.assertFalse(os.path.exists(p))
+        run("decompress", "--rm", "-q", p + ".ckz")
+        self.assertEqual(sha256(p), digest)
+        self.assertFalse(os.path.exists(p + ".ckz"))
+        folder = self.path("run")
+        os.makedirs(os.path.join(folder, "a"))
+        torch.save({"w": weights(1000)}, os.path.join(folder, "a", "w.pt"))
+        os.symlink("a/w.pt", os.path.join(folder, "link"))
+        run("compress", "-q", "--rm", folder)
+        self.assertFalse(os.path.exists(folder))
+        run("decompress", "-q", folder + ".ckz")
+        self.assertTrue(os.path.islink(os.path.join(folder, "link")))
+
+    def test_refuses_to_overwrite_without_force(self):
+        p = self.path("model.pt")
+        torch.save(state_dict(1 << 16, torch.float32), p)
+        run("compress", "-q", p)
+        first = read_bytes(p + ".ckz")
+        err = run("compress", p, expect=1).stderr
+        self.assertIn("already exists", err)
+        self.assertEqual(read_bytes(p + ".ckz"), first)
+        run("compress", "-q", "-f", "--level", "max", p)
+        self.assertNotEqual(read_bytes(p + ".ckz"), b"")
+        err = run("decompress", p + ".ckz", expect=1).stderr
+        self.assertIn("already exists", err)
+        err = run("compress", p + ".ckz", expect=1).stderr
+        self.assertIn("already a .ckz archive", err)
+
+    def test_stdout_streams(self):
+        p = self.path("model.pt")
+        torch.save(state_dict(1 << 18, torch.bfloat16), p)
+        with open(self.path("x.ckz"), "wb") as f:
+            subprocess.run([CKPTOOL, "compress", "-q", "-c", p], stdout=f, check=True)
+        out = subprocess.run([CKPTOOL, "decompress", "-c", self.path("x.ckz")], capture_output=True, check=True)
+        self.assertEqual(out.stdout, read_bytes(p))
+        os.makedirs(self.path("d"))
+        run("compress", "-q", self.path("d"))
+        err = run("decompress", "-c", self.path("d.ckz"), expect=1).stderr
+        self.assertIn("-c streams a one-file archive", err)
+
+    def test_command_line_errors(self):
+        p = self.path("a.pt")
+        torch.save({"w": weights(10)}, p)
+        self.assertIn("one input", run("compress", "-o", self.path("x"), p, p, expect=2).stderr)
+        self.assertIn("--rm", run("compress", "-c", "--rm", p, expect=2).stderr)
+        err = run("compress", self.path("missing"), expect=1).stderr
+        self.assertIn("missing", err)
+        run("compress", "-q", p, "-o", self.path("renamed"))
+        err = run("decompress", self.path("renamed"), expect=1).stderr
+        self.assertIn("-o", err)
+
+
+class DamagedArchives(CkptTestCase):
+    def setUp(self):
+        super().setUp()
+        self.src = self.path("model.pt")
+        torch.save(state_dict(1 << 19, torch.bfloat16), self.src)
+        run("compress", "-q", self.src)
+        self.archive = self.src + ".ckz"
+        self.good = read_bytes(self.archive)
+        self.original = read_bytes(self.src)
+
+    def damaged(self, data):
+        bad = self.path("bad.ckz")
+        with open(bad, "wb") as f:
+            f.write(data)
+        return bad
+
+    def assert_refused(self, bad, *expect_in_error):
+        out = self.path("bad")
+        p = run("decompress", bad, expect=1)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertTrue(lines[0].startswith("ckptool: error: "), lines[0])
+        self.assertIn("bad.ckz", lines[0])
+        for s in expect_in_error:
+            self.assertIn(s, lines[0])
+        self.assertFalse(os.path.exists(out), "no output after a failure")
+        self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
+        v = run("verify", bad, expect=1)
+        self.assertIn("bad.ckz", v.stdout)
+        return lines[0]
+
+    def test_flipped_byte_in_tensor_data_names_the_file_and_tensor(self):
+        data = bytearray(self.good)
+        data[len(data) // 2] ^= 0x40
+        err = self.assert_refused(self.damaged(bytes(data)), "model.pt: chunk", "tensor")
+        self.assertIn("damaged", err)
+        v = run("verify", self.path("bad.ckz"), expect=1).stdout
+        self.assertIn("model.layers.", v)
+
+    def test_truncations_and_flips_in_every_region_are_refused(self):
+        n = len(self.good)
+        rng = random.Random(5)
+        cuts = sorted({0, 1, 8, 15, 16, 17, n // 3, n // 2, n - 41, n - 40, n - 39, n - 1} |
+                      {rng.randrange(n) for _ in range(10)})
+        for cut in cuts:
+            with self.subTest(cut=cut):
+                self.assert_refused(self.damaged(self.good[:cut]))
+        # Header, first chunk header, payload, index, trailer.
+        for pos in (0, 9, 20, 30, n // 4, n - 200, n - 45, n - 20, n - 3):
+            with self.subTest(flip=pos):
+                data = bytearray(self.good)
+                data[pos] ^= 0x01
+                bad = self.damaged(bytes(data))
+                p = run("decompress", "-f", bad, "-o", self.path("out"), expect=None)
+                if p.returncode == 0:
+                    self.assertEqual(read_bytes(self.path("out")), self.original, f"flip at {pos}")
+                else:
+                    self.assertFalse(os.path.exists(self.path("out")) and
+                                     read_bytes(self.path("out")) != self.original)
+
+    def test_a_different_file_named_ckz(self):
+        err = self.assert_refused(self.damaged(b"PK\x03\x04 not an archive at all" * 10))
+        self.assertIn("not a ckptool archive", err)
+
+    def test_stream_stops_at_the_first_bad_chunk(self):
+        data = bytearray(self.good)
+        data[len(data) - 3000] ^= 0x10
+        bad = self.damaged(bytes(data))
+        p = subprocess.run([CKPTOOL, "decompress", "-c", bad], capture_output=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertTrue(self.original.startswith(p.stdout), "only checked bytes are written")
+        self.assertLess(len(p.stdout), len(self.original))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -27,8 +27,26 @@ def pack(folder):
     return blob
 
 
+def tiny(folder, **kw):
+    """Small enough to fuzz fast: a row-, a column- and a 2-D-sharded tensor, a replicated
+    0-d one, an object."""
+    import torch
+    g = torch.Generator().manual_seed(7)
+    state = {
+        "model.w": dcp.Shard(torch.randn(5, 3, generator=g), 2, 0),
+        "model.v": dcp.Shard(torch.randn(2, 5, generator=g).to(torch.bfloat16), 2, 1),
+        "model.g": dcp.DT(torch.randn(4, 4, generator=g), (2, 2), [("S", 0), ("S", 1)]),
+        "optim.state.model.w.step": torch.tensor(3.0),
+        "optim.param_groups.0.lr": 0.1,
+    }
+    return dcp.make_dcp_checkpoint(folder, state, world_size=kw.pop("world_size", 4), **kw)
+
+
 with tempfile.TemporaryDirectory() as tmp:
-    for name, make in dcp.standard_cases().items():
+    cases = {"tiny": tiny, "tiny_zstd": lambda d: tiny(d, zstd=True),
+             "tiny_legacy": lambda d: tiny(d, legacy_module_paths=True)}
+    cases.update(dcp.standard_cases())
+    for name, make in cases.items():
         folder = os.path.join(tmp, name)
         make(folder)
         blob = pack(folder)

@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
       ckpt::cli::AddStrip);
   add("prune", "Retention policy for a folder of checkpoints (dry run unless --yes)",
       ckpt::cli::AddPrune);
+  add("apply", "Run the team's policy (ckptool.toml) once over every complete checkpoint",
+      ckpt::cli::AddApply);
+  add("watch", "Run the policy on each checkpoint as it completes, beside training",
+      ckpt::cli::AddWatch);
 
   try {
     app.parse(argc, argv);

@@ -58,6 +58,29 @@ std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
   return out;
 }
 
+StripTargets CollectStripTargets(const std::vector<std::string>& paths) {
+  StripTargets t;
+  for (const std::string& p : paths) {
+    if (fs::is_directory(p)) {
+      std::vector<std::string> training = TrainingOnlyFiles(p);
+      t.training_files.insert(t.training_files.end(), training.begin(), training.end());
+      for (const std::string& f : ExpandInputs({p}, nullptr, &t.dcp_folders)) {
+        if (!IsTrainingOnlyFile(f)) t.files.push_back(f);
+      }
+    } else {
+      t.files.push_back(p);
+    }
+  }
+  std::erase_if(t.files, [&](const std::string& f) {
+    std::string parent = fs::path(f).parent_path().string();
+    return std::any_of(t.dcp_folders.begin(), t.dcp_folders.end(), [&](const std::string& d) {
+      std::error_code ec;
+      return fs::equivalent(d, parent.empty() ? "." : parent, ec);
+    });
+  });
+  return t;
+}
+
 namespace {
 
 bool IsTensorCall(const pickle::Graph& g, NodeId n) {

@@ -572,6 +572,15 @@ struct Applier::State {
       e.step = StepFromName(name);
       return OutputsInside(policy, e);
     };
+    co.recorded = [this](const std::string& name) -> const Fingerprint* {
+      auto it = ledger.checkpoints().find(name);
+      if (it == ledger.checkpoints().end() || it->second.running) return nullptr;
+      return &it->second.files;
+    };
+    co.interrupted = [this](const std::string& name) {
+      auto it = ledger.checkpoints().find(name);
+      return it != ledger.checkpoints().end() && it->second.running.has_value();
+    };
     return co;
   }
 

@@ -236,6 +236,10 @@ bool Completeness::Complete(const std::string& path, std::string* why) {
       return false;
     }
   }
+  if (o_.recorded) {
+    const Fingerprint* r = o_.recorded(name);
+    if (r && SameStat(*r, stat)) return true;
+  }
   // Settle: the newest change (a file's time, or the folder's for files added or removed).
   int64_t newest = NewestMtimeNs(stat);
   struct stat st {};
@@ -258,9 +262,11 @@ bool Completeness::Complete(const std::string& path, std::string* why) {
     *why = fmt::format("its files are dated {:.0f} s in the future; run watch (it observes)", -age);
     return false;
   }
+  if (o_.interrupted && o_.interrupted(name)) wait = 0;
   if (wait > 0) {
-    *why = fmt::format("settling: changed {:.1f} s ago (settle time {:g} s)",
-                       std::max(0.0, std::min(age, observed)), o_.settle_seconds);
+    double quiet = std::max(0.0, o_.observe ? std::min(age, observed) : age);
+    *why = fmt::format("settling: nothing changed for {:.1f} s of the {:g} s settle time", quiet,
+                       o_.settle_seconds);
     next_settle_ = next_settle_ ? std::min(*next_settle_, wait) : wait;
     return false;
   }

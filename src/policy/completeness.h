@@ -17,6 +17,8 @@
 //      for that long, so a clock that disagrees with the file server cannot cut it short;
 //   4. it opens cleanly, as prune requires (every torch file parses; no temp files).
 // The expensive check (4) runs only when 1-3 hold and is remembered until the files change.
+// A checkpoint whose files are exactly as the ledger recorded them after its last step needs
+// only 1 and 2 (it was complete then; the settle time is not restarted by our own rewrites).
 #pragma once
 
 #include <sys/types.h>
@@ -46,6 +48,13 @@ class Completeness {
     // Paths (relative to ROOT) inside a checkpoint that are the policy's outputs, not part of
     // it (they are left out of its fingerprint).
     std::function<std::vector<std::string>(const std::string& name)> outputs_inside;
+    // The files as the ledger recorded them after the last step (null when none): a checkpoint
+    // still exactly so (same sizes, times and inodes) was complete then and is now; our own
+    // rewrites do not restart its settle time, and it is not parsed again.
+    std::function<const Fingerprint*(const std::string& name)> recorded;
+    // Was a step of ours running on it when a run was killed? It was complete when the step
+    // began and only we changed it since: the settle time does not apply (1, 2 and 4 do).
+    std::function<bool(const std::string& name)> interrupted;
   };
 
   Completeness(std::string root, Options options);

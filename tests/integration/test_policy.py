@@ -44,6 +44,9 @@ def apply(root, *args, expect=0, env=None):
     return events, (summary[0] if summary else None)
 
 
+SETTLE = ("--settle", "30")
+
+
 def steps_of(events, kind="step"):
     return sorted((e["checkpoint"], e["step"]) for e in events if e["event"] == kind)
 
@@ -228,16 +231,22 @@ class KillTest(PolicyTestCase):
         for s in (100, 200, 300, 400):
             pf.hf_checkpoint(self.base, s, best=100)
         self.write_policy(self.base, HF_POLICY.replace('keep = ["checkpoint-100"]\n', ""))
+        # Written an hour ago, and every run with the default settle time (30 s): a resumed
+        # run must not wait for what the killed run itself changed a moment ago.
+        old = time.time() - 3600
+        for dirpath, dirnames, filenames in os.walk(self.base, topdown=False):
+            for name in filenames + dirnames:
+                os.utime(os.path.join(dirpath, name), (old, old))
         self.reference = self.path("reference")
         pf.copy_tree(self.base, self.reference)
         t = time.monotonic()
-        apply(self.reference)
+        apply(self.reference, *SETTLE)
         self.duration = time.monotonic() - t
         self.expected = pf.tree(self.reference)
         self.expected_steps = pf.ledger_steps(self.reference)
 
     def assertSameEnd(self, root, what):
-        apply(root)  # resume
+        apply(root, *SETTLE)  # resume
         got = pf.tree(root)
         self.assertEqual(sorted(got), sorted(self.expected), what)
         for rel in got:
@@ -254,7 +263,7 @@ class KillTest(PolicyTestCase):
             root = self.path(f"kill{k}")
             pf.copy_tree(self.base, root)
             env = dict(os.environ, CKPTOOL_TEST_KILL_AT_SAVE=str(k))
-            p = subprocess.run([CKPTOOL, "apply", root, "--settle", "0", "-j", "2"], env=env,
+            p = subprocess.run([CKPTOOL, "apply", root, *SETTLE, "-j", "2"], env=env,
                                capture_output=True, text=True, timeout=300)
             self.assertIn(p.returncode, (0, -signal.SIGKILL), p.stderr)
             self.assertSameEnd(root, f"killed before ledger write {k}")
@@ -266,7 +275,7 @@ class KillTest(PolicyTestCase):
         for i, fraction in enumerate((0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)):
             root = self.path(f"timed{i}")
             pf.copy_tree(self.base, root)
-            p = subprocess.Popen([CKPTOOL, "apply", root, "--settle", "0", "-j", "2"],
+            p = subprocess.Popen([CKPTOOL, "apply", root, *SETTLE, "-j", "2"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(self.duration * fraction)
             p.send_signal(signal.SIGKILL)
@@ -276,7 +285,7 @@ class KillTest(PolicyTestCase):
     def test_sigterm_finishes_the_step_and_resumes(self):
         root = self.path("term")
         pf.copy_tree(self.base, root)
-        p = subprocess.Popen([CKPTOOL, "apply", root, "--settle", "0", "--json"],
+        p = subprocess.Popen([CKPTOOL, "apply", root, *SETTLE, "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(self.duration * 0.4)
         p.send_signal(signal.SIGTERM)
@@ -303,6 +312,8 @@ keep_last = 2
 [shrink]
 [convert]
 dtype = "fp16"
+[export]
+dtype = "bf16"
 [strip]
 older_than_newest = 1
 [verify]
@@ -320,6 +331,10 @@ older_than_newest = 1
             self.assertEqual("optimizer_states" in obj, name.startswith("epoch=3"), name)
             half = torch.load(os.path.join(root, "fp16", name))
             self.assertEqual(half["state_dict"]["layer.0.weight"].dtype, torch.float16)
+            # export picks the state_dict; its default place for a file is export/<stem>/.
+            _, tensors = read_safetensors(self, os.path.join(root, "export", name[:-5], "model.safetensors"))
+            self.assertEqual(sorted(tensors), sorted(obj["state_dict"]))
+            self.assertEqual(tensors["layer.0.weight"][0], "BF16")
         self.assertEqual(os.readlink(os.path.join(root, "last.ckpt")), "epoch=0-step=900.ckpt")
         self.assertSecondRunDoesNothing(root)
         # The next epoch: 1100 goes, with its fp16 copy.
@@ -327,9 +342,11 @@ older_than_newest = 1
         events, _ = apply(root)
         self.assertEqual(steps_of(events, "delete"), [("epoch=2-step=1100.ckpt", "retention")])
         delete = [e for e in events if e["event"] == "delete"][0]
-        self.assertEqual(delete["outputs"], ["fp16/epoch=2-step=1100.ckpt"])
+        self.assertEqual(delete["outputs"], ["fp16/epoch=2-step=1100.ckpt", "export/epoch=2-step=1100"])
         self.assertEqual(sorted(os.listdir(os.path.join(root, "fp16"))),
                          ["epoch=0-step=900.ckpt", "epoch=3-step=1200.ckpt", "epoch=4-step=1300.ckpt"])
+        self.assertEqual(sorted(os.listdir(os.path.join(root, "export"))),
+                         ["epoch=0-step=900", "epoch=3-step=1200", "epoch=4-step=1300"])
         self.assertSecondRunDoesNothing(root)
 
     def test_a_file_open_for_writing_is_not_complete(self):

@@ -199,6 +199,23 @@ class HfTrainerTest(PolicyTestCase):
         self.assertIn("Dry run:", p.stdout)
         self.assertIn("would free", p.stdout)
 
+    def test_convert_in_place(self):
+        root = self.path("run")
+        self.build(root, steps=(100, 200))
+        self.write_policy(root, "[convert]\ndtype = \"bf16\"\noutput = \"in_place\"\nkeep = [\"norm*\"]\n")
+        opt = pf.tree(os.path.join(root, "checkpoint-200"))["optimizer.pt"]
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        for s in (100, 200):
+            d = os.path.join(root, f"checkpoint-{s}")
+            model = torch.load(os.path.join(d, "pytorch_model.bin"))
+            self.assertEqual(model["layer.0.weight"].dtype, torch.bfloat16)
+            self.assertEqual(model["norm.weight"].dtype, torch.float32)
+            self.assertFalse(os.path.exists(os.path.join(d, "bf16")))
+        # Training-only files are left as they are (training_files = false).
+        self.assertEqual(pf.tree(os.path.join(root, "checkpoint-200"))["optimizer.pt"], opt)
+        self.assertSecondRunDoesNothing(root)
+
     def test_failed_step_is_reported_and_not_retried(self):
         root = self.path("run")
         self.build(root, steps=(100,))
@@ -219,18 +236,20 @@ class HfTrainerTest(PolicyTestCase):
         self.assertEqual(steps_of(events), [("checkpoint-100", "export")])
 
 
-class KillTest(PolicyTestCase):
+class KillTestBase:
     """A run killed with SIGKILL anywhere, then run again, leaves the same bytes as a run never
     killed: at every ledger write (step boundaries: after a step's work, before the ledger
     knows) and at moments spread over a run (inside ops: temp files, half a folder)."""
+    moments = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+    def build(self, root):
+        raise NotImplementedError
 
     def setUp(self):
         super().setUp()
         self.base = self.path("base")
         os.makedirs(self.base)
-        for s in (100, 200, 300, 400):
-            pf.hf_checkpoint(self.base, s, best=100)
-        self.write_policy(self.base, HF_POLICY.replace('keep = ["checkpoint-100"]\n', ""))
+        self.build(self.base)
         # Written an hour ago, and every run with the default settle time (30 s): a resumed
         # run must not wait for what the killed run itself changed a moment ago.
         old = time.time() - 3600
@@ -252,8 +271,7 @@ class KillTest(PolicyTestCase):
         for rel in got:
             self.assertEqual(got[rel], self.expected[rel], f"{what}: {rel} differs")
         self.assertEqual(pf.ledger_steps(root), self.expected_steps, what)
-        self.assertFalse(pf.ledger(root)["checkpoints"] and
-                         any("running" in c for c in pf.ledger(root)["checkpoints"].values()))
+        self.assertFalse(any("running" in c for c in pf.ledger(root)["checkpoints"].values()))
 
     def test_killed_at_every_ledger_write(self):
         k = 0
@@ -269,10 +287,10 @@ class KillTest(PolicyTestCase):
             self.assertSameEnd(root, f"killed before ledger write {k}")
             if p.returncode == 0:  # k is past the last write: every boundary was tried
                 break
-        self.assertGreater(k, 10, "the run has a ledger write before and after every step")
+        self.assertGreater(k, 6, "the run has a ledger write before and after every step")
 
     def test_killed_at_moments_spread_over_a_run(self):
-        for i, fraction in enumerate((0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)):
+        for i, fraction in enumerate(self.moments):
             root = self.path(f"timed{i}")
             pf.copy_tree(self.base, root)
             p = subprocess.Popen([CKPTOOL, "apply", root, *SETTLE, "-j", "2"],
@@ -297,6 +315,25 @@ class KillTest(PolicyTestCase):
             self.assertFalse(any("running" in c for c in led["checkpoints"].values()),
                              "a step was left half done")
         self.assertSameEnd(root, "stopped by SIGTERM")
+
+
+class HfKillTest(KillTestBase, PolicyTestCase):
+    def build(self, root):
+        for s in (100, 200, 300):
+            pf.hf_checkpoint(root, s, best=100)
+        self.write_policy(root, HF_POLICY.replace('keep = ["checkpoint-100"]\n', "")
+                          .replace("keep_last = 2", "keep_last = 1"))
+
+
+class MegatronKillTest(KillTestBase, PolicyTestCase):
+    """torch_dist folders: strip builds a new folder beside the old one and swaps them."""
+    moments = (0.2, 0.5, 0.8)
+
+    def build(self, root):
+        for it in (100, 200, 300):
+            pf.megatron_checkpoint(root, it)
+        self.write_policy(root, "[retention]\nkeep_last = 2\n[export]\n[verify]\n[strip]\n"
+                                "older_than_newest = 0\n")
 
 
 class LightningTest(PolicyTestCase):

@@ -105,6 +105,13 @@ void Completeness::BeginPass() {
   megatron_ =
       have_megatron_ ? ReadMarkerFile((root / "latest_checkpointed_iteration.txt").string()) : "";
   writers_ = FilesOpenForWriting(dev_);
+  // Forget checkpoints that are gone (a watch runs for weeks).
+  std::erase_if(seen_, [&](const auto& kv) {
+    return !fs::exists(fs::symlink_status(root / kv.first, ec));
+  });
+  std::erase_if(parsed_, [&](const auto& kv) {
+    return !fs::exists(fs::symlink_status(root / kv.first, ec));
+  });
   stats_.clear();
   layouts_.clear();
   next_settle_.reset();

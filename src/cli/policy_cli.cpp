@@ -88,6 +88,7 @@ void PrintEvent(const ApplyEvent& e, bool json, bool with_time) {
     return;
   }
   std::string what = e.kind == "wait"     ? "waiting"
+                     : e.kind == "resume" ? "resuming"
                      : e.kind == "step"   ? e.step
                      : e.kind == "delete" ? "retention"
                      : e.step.empty()     ? e.kind

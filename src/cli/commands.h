@@ -23,6 +23,8 @@ Runner AddStrip(CLI::App& app);
 Runner AddPrune(CLI::App& app);
 Runner AddCompress(CLI::App& app);
 Runner AddDecompress(CLI::App& app);
+Runner AddApply(CLI::App& app);
+Runner AddWatch(CLI::App& app);
 
 // Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
 // values that name an existing file or folder are moved back to `paths`.

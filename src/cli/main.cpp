@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
   add("compress", "Lossless tensor-aware archive of files or folders (PATH -> PATH.ckz)",
       ckpt::cli::AddCompress);
   add("decompress", "Restore a .ckz archive bit for bit (X.ckz -> X)", ckpt::cli::AddDecompress);
+  add("apply", "Run the team's policy (ckptool.toml) once over every complete checkpoint",
+      ckpt::cli::AddApply);
+  add("watch", "Run the policy on each checkpoint as it completes, beside training",
+      ckpt::cli::AddWatch);
 
   try {
     app.parse(argc, argv);

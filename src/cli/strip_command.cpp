@@ -53,31 +53,10 @@ int RunStrip(StripCliOptions o) {
   so.dry_run = o.dry_run;
   so.output = o.output;
   so.allow_unsafe_globals = o.allow_unsafe_globals;
-  std::vector<std::string> files, training_files, dcp_folders;
-  for (const std::string& p : o.paths) {
-    if (std::filesystem::is_directory(p)) {
-      std::vector<std::string> t = TrainingOnlyFiles(p);
-      training_files.insert(training_files.end(), t.begin(), t.end());
-      for (const std::string& f : ExpandInputs({p}, nullptr, &dcp_folders)) {
-        if (!IsTrainingOnlyFile(f)) files.push_back(f);
-      }
-    } else {
-      files.push_back(p);
-    }
-  }
-  // Files beside a torch.distributed.checkpoint folder's items (Megatron's common.pt) are
-  // part of it: its strip copies them as they are.
-  std::set<std::string> dcp_canonical;
-  for (const std::string& d : dcp_folders) {
-    std::error_code ec;
-    dcp_canonical.insert(std::filesystem::weakly_canonical(d, ec).string());
-  }
-  std::erase_if(files, [&](const std::string& f) {
-    std::error_code ec;
-    std::filesystem::path parent = std::filesystem::path(f).parent_path();
-    return dcp_canonical.count(
-        std::filesystem::weakly_canonical(parent.empty() ? "." : parent, ec).string());
-  });
+  StripTargets targets = CollectStripTargets(o.paths);
+  std::vector<std::string>& files = targets.files;
+  const std::vector<std::string>& training_files = targets.training_files;
+  const std::vector<std::string>& dcp_folders = targets.dcp_folders;
   Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal());
   so.threads = batch.threads_per_file();
   std::vector<StripResult> results(files.size());

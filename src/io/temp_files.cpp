@@ -101,6 +101,35 @@ std::string TempPathFor(const std::string& final_path) {
   return (p.parent_path() / name).string();
 }
 
+namespace {
+
+// The pid in a temp name ("...<marker><pid>-<n>"), or 0.
+pid_t TempOwner(const std::string& name) {
+  size_t at = name.find(kMarker);
+  if (at == std::string::npos) return 0;
+  return static_cast<pid_t>(std::atoi(name.c_str() + at + std::strlen(kMarker)));
+}
+
+bool OwnerGone(pid_t pid) {
+  if (pid <= 0 || pid == ::getpid()) return false;
+  return !(::kill(pid, 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+int RemoveStaleTempsIn(const std::string& dir) {
+  namespace fs = std::filesystem;
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (!IsTempFileName(name) || !OwnerGone(TempOwner(name))) continue;
+    std::error_code rec;
+    if (fs::remove_all(it->path(), rec) > 0 && !rec) ++removed;
+  }
+  return removed;
+}
+
 int RemoveStaleTempFiles(const std::string& final_path) {
   namespace fs = std::filesystem;
   fs::path p(final_path);

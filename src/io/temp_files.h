@@ -29,4 +29,9 @@ std::string TempPathFor(const std::string& final_path);
 // Returns how many were removed.
 int RemoveStaleTempFiles(const std::string& final_path);
 
+// Removes every temp entry directly in `dir` (files, and folders such as a killed DCP strip's
+// new folder, with what is in them) left by ckptool processes that no longer exist. Returns
+// how many were removed.
+int RemoveStaleTempsIn(const std::string& dir);
+
 }  // namespace ckpt

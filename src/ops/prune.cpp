@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/names.h"
+#include "dcp/dcp_checkpoint.h"
 #include "io/temp_files.h"
 #include "io/text_file.h"
 #include "ops/checkpoint_file.h"
@@ -37,47 +38,6 @@ uint64_t SizeOf(const fs::path& p) {
     if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
   }
   return total;
-}
-
-// A checkpoint looks complete when every checkpoint file in it opens cleanly (and a folder
-// holds at least one, with no half-written temp files).
-bool LooksComplete(const fs::path& p, std::string* why) {
-  std::vector<fs::path> files;
-  std::error_code ec;
-  if (fs::is_directory(fs::symlink_status(p, ec))) {
-    for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
-      if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
-      std::string name = it->path().filename().string();
-      if (IsTempFileName(name) || name.ends_with(".tmp")) {
-        *why = "holds a temp file " + name;
-        return false;
-      }
-      files.push_back(it->path());
-    }
-  } else {
-    files.push_back(p);
-  }
-  int checkpoints = 0;
-  for (const fs::path& f : files) {
-    try {
-      MappedFile m = MappedFile::Open(f.string());
-      if (!DetectFormat(m.bytes())) continue;
-      ++checkpoints;
-      CheckpointFile c = OpenCheckpoint(f.string());
-      if (c.torch && !c.torch->model.problems.empty()) {
-        *why = fmt::format("{}: {}", f.filename().string(), c.torch->model.problems[0].what);
-        return false;
-      }
-    } catch (const Error& e) {
-      *why = e.what();
-      return false;
-    }
-  }
-  if (checkpoints == 0) {
-    *why = "no checkpoint file inside";
-    return false;
-  }
-  return true;
 }
 
 // Names that something in ROOT points at.
@@ -134,8 +94,79 @@ std::set<std::string> Pointed(const fs::path& root, std::vector<std::string>& no
   return out;
 }
 
+}  // namespace
+
+// A checkpoint looks complete when every checkpoint file in it opens cleanly (and a folder
+// holds at least one, with no half-written temp files).
+bool LooksComplete(const std::string& path, std::string* why) {
+  fs::path p(path);
+  std::vector<std::string> files;
+  std::vector<std::string> dcp_folders;
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec))) {
+    for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+      std::string name = it->path().filename().string();
+      if (IsTempFileName(name) || name.ends_with(".tmp")) {
+        *why = "holds a temp file " + name;
+        return false;
+      }
+    }
+    // The one folder discovery: a torch.distributed.checkpoint folder is one checkpoint, its
+    // .distcp items are not torch files.
+    try {
+      files = ExpandInputs({p.string()}, nullptr, &dcp_folders);
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+  } else {
+    files.push_back(p.string());
+  }
+  int checkpoints = 0;
+  for (const std::string& f : files) {
+    try {
+      MappedFile m = MappedFile::Open(f);
+      if (!DetectFormat(m.bytes())) continue;
+      ++checkpoints;
+      CheckpointFile c = OpenCheckpoint(f);
+      if (c.torch && !c.torch->model.problems.empty()) {
+        *why =
+            fmt::format("{}: {}", fs::path(f).filename().string(), c.torch->model.problems[0].what);
+        return false;
+      }
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+  }
+  for (const std::string& d : dcp_folders) {
+    try {
+      dcp::Checkpoint c = dcp::OpenDcp(d);
+      if (!c.problems.empty()) {
+        *why = fmt::format("{}: {}: {}", d, c.problems[0].where, c.problems[0].what);
+        return false;
+      }
+      ++checkpoints;
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+  }
+  if (checkpoints == 0) {
+    *why = "no checkpoint file inside";
+    return false;
+  }
+  return true;
+}
+
+bool IsTrashName(const std::string& name) {
+  return name.rfind(kTrashPrefix, 0) == 0;
+}
+
 // Rename first (atomic: the checkpoint's name is gone at once), then delete.
-void Trash(const fs::path& root, const std::string& name) {
+void TrashEntry(const std::string& dir, const std::string& name) {
+  fs::path root(dir);
   fs::path trash = root / fmt::format("{}{}-{}", kTrashPrefix, name, ::getpid());
   std::error_code ec;
   fs::rename(root / name, trash, ec);
@@ -148,6 +179,8 @@ void Trash(const fs::path& root, const std::string& name) {
         (root / name).string(), trash.filename().string(), ec.message());
   }
 }
+
+namespace {
 
 void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
   StripOptions so;
@@ -182,6 +215,16 @@ int64_t StepFromName(const std::string& name) {
 }
 
 PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
+  PruneResult r = PlanPrune(root_arg, o);
+  if (r.entries.empty())
+    Fail("{}: no recognisable checkpoints (global_stepN, checkpoint-N, iter_N, step=N...)",
+         root_arg);
+  if (o.yes) ExecutePrune(root_arg, r, o);
+  return r;
+}
+
+PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
+                      const CompletenessTest& complete) {
   if (o.keep_last < 1)
     Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
   fs::path root(root_arg);
@@ -190,10 +233,9 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root)) {
     std::string name = e.path().filename().string();
-    if (name.rfind(kTrashPrefix, 0) == 0) {
+    if (IsTrashName(name)) {
       r.notes.push_back(
           fmt::format("{}: left by an interrupted prune{}", name, o.yes ? "; removed" : ""));
-      if (o.yes) fs::remove_all(e.path(), ec);
       continue;
     }
     if (e.is_symlink(ec)) continue;  // never followed; its target is protected below
@@ -204,13 +246,11 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
     pe.step = static_cast<uint64_t>(step);
     pe.bytes = SizeOf(e.path());
     std::string why;
-    pe.complete = LooksComplete(e.path(), &why);
+    pe.complete =
+        complete ? complete(e.path().string(), &why) : LooksComplete(e.path().string(), &why);
     if (!pe.complete) pe.reason = "looks incomplete (" + why + "): left alone";
     r.entries.push_back(std::move(pe));
   }
-  if (r.entries.empty())
-    Fail("{}: no recognisable checkpoints (global_stepN, checkpoint-N, iter_N, step=N...)",
-         root_arg);
   // Numeric order by step; ties by modification time.
   std::sort(r.entries.begin(), r.entries.end(), [&](const PruneEntry& a, const PruneEntry& b) {
     if (a.step != b.step) return a.step < b.step;
@@ -249,7 +289,15 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
   for (PruneEntry& e : r.entries) {
     if (!e.keep) r.bytes_freed += e.bytes;
   }
-  if (!o.yes) return r;
+  return r;
+}
+
+void ExecutePrune(const std::string& root_arg, PruneResult& r, const PruneOptions& o) {
+  fs::path root(root_arg);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (IsTrashName(e.path().filename().string())) fs::remove_all(e.path(), ec);
+  }
   // A folder this user may not change fails here, before anything is deleted.
   bool deletes =
       std::any_of(r.entries.begin(), r.entries.end(), [](const PruneEntry& e) { return !e.keep; });
@@ -258,7 +306,7 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
          std::strerror(errno));
   }
   for (PruneEntry& e : r.entries) {
-    if (!e.keep) Trash(root, e.name);
+    if (!e.keep) TrashEntry(root_arg, e.name);
   }
   if (o.strip_older) {
     uint64_t seen = 0;
@@ -268,7 +316,6 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
       if (++seen > o.strip_older) StripKept(root / e.name, e, o);
     }
   }
-  return r;
 }
 
 }  // namespace ckpt

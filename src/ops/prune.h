@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,26 @@ struct PruneResult {
 };
 
 PruneResult Prune(const std::string& root, const PruneOptions& options);
+
+// Prune in two halves, for callers that decide completeness themselves (ckptool apply/watch
+// also wait for the framework's marker and a settle time). `complete` replaces
+// LooksComplete when given. PlanPrune touches nothing and returns no entries (instead of
+// failing) when ROOT holds no checkpoints; ExecutePrune removes what earlier runs left in the
+// trash, deletes every entry the plan does not keep, then strips (strip_older).
+using CompletenessTest = std::function<bool(const std::string& path, std::string* why)>;
+PruneResult PlanPrune(const std::string& root, const PruneOptions& options,
+                      const CompletenessTest& complete = {});
+void ExecutePrune(const std::string& root, PruneResult& plan, const PruneOptions& options);
+
+// prune's own test: every checkpoint file in it opens cleanly (and a folder holds at least
+// one, with no half-written temp files).
+bool LooksComplete(const std::string& path, std::string* why);
+
+// Deletes dir/name (a file or a folder): renamed to a hidden trash name first, so a crash
+// never leaves half of it under its name; then removed. Throws ckpt::Error.
+void TrashEntry(const std::string& dir, const std::string& name);
+// Is this entry name one TrashEntry left behind?
+bool IsTrashName(const std::string& name);
 
 // The training step a checkpoint's name carries, or -1 when it does not look like one.
 int64_t StepFromName(const std::string& name);

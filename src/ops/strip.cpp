@@ -58,6 +58,36 @@ std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
   return out;
 }
 
+StripTargets CollectStripTargets(const std::vector<std::string>& paths) {
+  StripTargets t;
+  for (const std::string& p : paths) {
+    if (fs::is_directory(p)) {
+      std::vector<std::string> training = TrainingOnlyFiles(p);
+      t.training_files.insert(t.training_files.end(), training.begin(), training.end());
+      for (const std::string& f : ExpandInputs({p}, nullptr, &t.dcp_folders)) {
+        if (!IsTrainingOnlyFile(f)) t.files.push_back(f);
+      }
+    } else {
+      t.files.push_back(p);
+    }
+  }
+  // Files beside a torch.distributed.checkpoint folder's items (Megatron's common.pt) are
+  // part of it: its strip copies them as they are. Folders compared by canonical path, each
+  // computed once.
+  std::set<std::string> dcp_canonical;
+  for (const std::string& d : t.dcp_folders) {
+    std::error_code ec;
+    dcp_canonical.insert(fs::weakly_canonical(d, ec).string());
+  }
+  std::erase_if(t.files, [&](const std::string& f) {
+    std::error_code ec;
+    fs::path parent = fs::path(f).parent_path();
+    return dcp_canonical.count(fs::weakly_canonical(parent.empty() ? "." : parent, ec).string()) >
+           0;
+  });
+  return t;
+}
+
 namespace {
 
 bool IsTensorCall(const pickle::Graph& g, NodeId n) {

@@ -56,4 +56,15 @@ std::vector<std::string> StripGraph(pickle::Graph& g, const StripOptions& option
 std::vector<std::string> TrainingOnlyFiles(const std::string& folder);
 bool IsTrainingOnlyFile(const std::string& path);
 
+// What strip works on for the paths it is given: files as given; below folders, every
+// checkpoint file but the training-only ones, each torch.distributed.checkpoint folder as one
+// (files beside its items, such as Megatron's common.pt, are part of it), and the folders'
+// training-only files (deleted only on request).
+struct StripTargets {
+  std::vector<std::string> files;
+  std::vector<std::string> dcp_folders;
+  std::vector<std::string> training_files;
+};
+StripTargets CollectStripTargets(const std::vector<std::string>& paths);
+
 }  // namespace ckpt

@@ -1,0 +1,104 @@
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "base/utf8.h"
+#include "cli/commands.h"
+#include "cli/policy_cli.h"
+#include "ops/apply.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct ApplyCliOptions {
+  PolicyCliOptions p;
+  bool dry_run = false;
+  bool check = false;
+};
+
+int RunCheck(const ApplyCliOptions& o, const policy::Policy& p) {
+  std::string missing = UnavailableSteps(p);
+  if (o.p.json) {
+    nlohmann::ordered_json j = p.Describe();
+    j["valid"] = true;
+    j["runnable"] = missing.empty();
+    if (!missing.empty()) j["error"] = missing;
+    PrintJson(j);
+  } else {
+    std::cout << Printable(fmt::format("{}: valid policy", p.file)) << "\n";
+    nlohmann::ordered_json d = p.Describe();
+    std::cout << fmt::format("  layout: {}\n", d["layout"].get<std::string>());
+    if (p.settle_seconds) std::cout << fmt::format("  settle_seconds: {:g}\n", *p.settle_seconds);
+    if (p.retention) {
+      std::cout << fmt::format("  retention: keep_last {}, keep_every {}, keep {}\n",
+                               p.retention->keep_last, p.retention->keep_every,
+                               d["retention"]["keep"].dump());
+    }
+    for (const auto& s : d["steps"]) {
+      std::cout << Printable(
+          fmt::format("  {}: {}\n", s["step"].get<std::string>(), s["options"].dump()));
+    }
+  }
+  if (!missing.empty()) {
+    PrintError(missing);
+    return 1;
+  }
+  return 0;
+}
+
+int RunApply(const ApplyCliOptions& o) {
+  std::optional<policy::Policy> p = ReadPolicy(o.p);
+  if (!p) return 1;
+  if (o.check) return RunCheck(o, *p);
+  GracefulStop graceful;
+  ApplyOptions ao;
+  ao.dry_run = o.dry_run;
+  ao.retry_failed = o.p.retry_failed;
+  ao.threads = o.p.threads;
+  ao.settle_seconds = SettleSeconds(o.p, *p);
+  ao.stop = &graceful.stop();
+  bool json = o.p.json;
+  ao.log = [json](const ApplyEvent& e) { PrintEvent(e, json, false); };
+  Applier applier(o.p.root, *p, ao);
+  PassResult r = applier.RunPass();
+  std::string verb = o.dry_run ? "would free" : "freed";
+  if (json) {
+    nlohmann::ordered_json j = {{"event", "summary"},           {"dry_run", o.dry_run},
+                                {"steps", r.steps_run},         {"deleted", r.deleted},
+                                {"failed", r.failures},         {"waiting", r.waiting},
+                                {"bytes_freed", r.bytes_freed}, {"stopped", r.stopped}};
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::cout << fmt::format(
+        "{}{} steps {}, {} checkpoints {}, {} waiting, {} failed; {} {}{}\n",
+        o.dry_run ? "Dry run: " : "Done: ", r.steps_run, o.dry_run ? "planned" : "run", r.deleted,
+        o.dry_run ? "to delete" : "deleted", r.waiting, r.failures, verb, HumanBytes(r.bytes_freed),
+        r.stopped ? " (stopped by a signal before the end: run again to finish)" : "");
+  }
+  if (r.stopped) return 130;
+  return r.failures ? 1 : 0;
+}
+
+}  // namespace
+
+Runner AddApply(CLI::App& app) {
+  auto o = std::make_shared<ApplyCliOptions>();
+  AddPolicyFlags(app, &o->p);
+  app.add_flag("--dry-run", o->dry_run,
+               "Print the plan and the bytes it would free; change nothing");
+  app.add_flag("--check", o->check, "Validate the policy file only; touch nothing");
+  app.footer(
+      "Runs the policy (ROOT/ckptool.toml or --policy) once over every complete checkpoint "
+      "under ROOT: retention as `ckptool prune` plans it, then per checkpoint shrink, convert, "
+      "export, verify, and strip / compress once it is older than the newest N. Each step "
+      "runs once per checkpoint (ROOT/.ckptool/state.json records it); a second run does "
+      "nothing and an interrupted one resumes. Exit 1 when a step failed.");
+  return [o] { return RunApply(*o); };
+}
+
+}  // namespace ckpt::cli

@@ -90,8 +90,8 @@ std::map<ino_t, std::string> FilesOpenForWriting(dev_t dev) {
   return out;
 }
 
-Completeness::Completeness(std::string root, Options options)
-    : root_(std::move(root)), o_(std::move(options)) {
+Completeness::Completeness(std::string root, const Options& options)
+    : root_(std::move(root)), o_(options) {
   struct stat st {};
   if (::stat(root_.c_str(), &st) == 0) dev_ = st.st_dev;
 }

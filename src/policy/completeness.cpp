@@ -106,9 +106,8 @@ void Completeness::BeginPass() {
       have_megatron_ ? ReadMarkerFile((root / "latest_checkpointed_iteration.txt").string()) : "";
   writers_ = FilesOpenForWriting(dev_);
   // Forget checkpoints that are gone (a watch runs for weeks).
-  std::erase_if(seen_, [&](const auto& kv) {
-    return !fs::exists(fs::symlink_status(root / kv.first, ec));
-  });
+  std::erase_if(
+      seen_, [&](const auto& kv) { return !fs::exists(fs::symlink_status(root / kv.first, ec)); });
   std::erase_if(parsed_, [&](const auto& kv) {
     return !fs::exists(fs::symlink_status(root / kv.first, ec));
   });

@@ -90,8 +90,8 @@ std::map<ino_t, std::string> FilesOpenForWriting(dev_t dev) {
   return out;
 }
 
-Completeness::Completeness(std::string root, Options options)
-    : root_(std::move(root)), o_(std::move(options)) {
+Completeness::Completeness(std::string root, const Options& options)
+    : root_(std::move(root)), o_(options) {
   struct stat st {};
   if (::stat(root_.c_str(), &st) == 0) dev_ = st.st_dev;
 }
@@ -106,9 +106,8 @@ void Completeness::BeginPass() {
       have_megatron_ ? ReadMarkerFile((root / "latest_checkpointed_iteration.txt").string()) : "";
   writers_ = FilesOpenForWriting(dev_);
   // Forget checkpoints that are gone (a watch runs for weeks).
-  std::erase_if(seen_, [&](const auto& kv) {
-    return !fs::exists(fs::symlink_status(root / kv.first, ec));
-  });
+  std::erase_if(
+      seen_, [&](const auto& kv) { return !fs::exists(fs::symlink_status(root / kv.first, ec)); });
   std::erase_if(parsed_, [&](const auto& kv) {
     return !fs::exists(fs::symlink_status(root / kv.first, ec));
   });

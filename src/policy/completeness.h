@@ -57,7 +57,7 @@ class Completeness {
     std::function<bool(const std::string& name)> interrupted;
   };
 
-  Completeness(std::string root, Options options);
+  Completeness(std::string root, const Options& options);
 
   // Starts a pass: markers and open files are read again.
   void BeginPass();

@@ -746,12 +746,8 @@ ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads) {
   ckz::ParallelWorkers(index.chunks.size(), threads, [&](size_t k, unsigned w) {
     if (!coders[w]) coders[w] = std::make_unique<ckz::ChunkCoder>();
     buffers[w].resize(index.chunks[k].length);
-    try {
-      coders[w]->Decode(a.ChunkBytes(k), index.chunks[k], a.ChunkRuns(k), buffers[w].data());
-      ok[k] = 1;
-    } catch (const Error& e) {
-      errors[k] = e.what();
-    }
+    errors[k] = a.TryDecodeChunk(*coders[w], k, buffers[w].data());
+    ok[k] = errors[k].empty();
   });
   r.chunks = index.chunks.size();
   std::vector<bool> bad_file(index.entries.size(), false);

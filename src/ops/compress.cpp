@@ -265,7 +265,16 @@ void CheckOutputFree(const std::string& out, bool force) {
 }  // namespace
 
 std::string DefaultArchiveName(const std::string& path) {
-  return StripSlashes(path) + kSuffix;
+  std::string p = StripSlashes(path);
+  std::string name = fs::path(p).filename().string();
+  if (name == "." || name == ".." || name.empty()) {
+    // "." names the folder we are in: its archive goes beside it, under its own name.
+    std::error_code ec;
+    fs::path real = fs::canonical(p, ec);
+    if (ec || real.filename().empty()) Fail("{}: give the archive's name with -o", path);
+    return real.string() + kSuffix;
+  }
+  return p + kSuffix;
 }
 
 std::string DefaultRestoredName(const std::string& archive) {
@@ -295,8 +304,8 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       std::error_code ec;
       fs::path out_abs = fs::weakly_canonical(fs::absolute(r.output), ec);
       fs::path in_abs = fs::weakly_canonical(fs::absolute(path), ec);
-      std::string rel = out_abs.lexically_relative(in_abs).generic_string();
-      if (!rel.empty() && rel != "." && rel.rfind("..", 0) != 0)
+      fs::path rel = out_abs.lexically_relative(in_abs);
+      if (rel.empty() || rel == "." || *rel.begin() != "..")
         Fail("{}: the archive cannot be written inside the folder it archives", r.output);
     }
   }
@@ -454,6 +463,14 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
              r.output);
     }
     out->Commit();
+  } else {
+    for (const auto& in : inputs) {
+      if (in && in->stamp.ChangedOnDisk())
+        Fail(
+            "{}: the file changed while it was being compressed; the archive written to stdout "
+            "does not hold it as it is now",
+            in->path);
+    }
   }
 
   // 7. --rm: the originals go, only what was archived (a folder that gained files stays).

@@ -508,6 +508,13 @@ struct TempFolder {
   }
 };
 
+// The mode a restored entry gets: the archived permission bits without set-user-ID and
+// set-group-ID, which would turn a file from an archive into a program that runs as whoever
+// restored it (the files belong to the user who decompresses).
+mode_t RestoredMode(const Entry& e) {
+  return static_cast<mode_t>(e.mode & ~(S_ISUID | S_ISGID));
+}
+
 void CheckFileCrcs(const ckz::Archive& a, const std::vector<uint32_t>& chunk_crcs) {
   const Index& index = a.index();
   for (const Entry& e : index.entries) {
@@ -549,7 +556,7 @@ void RestoreFile(const ckz::Archive& a, const DecompressOptions& o, const std::s
     if (o.bytes_done) *o.bytes_done += ch.length;
   });
   CheckFileCrcs(a, crcs);
-  out.SetMode(e.mode, ::geteuid(), ::getegid());
+  out.SetMode(RestoredMode(e), ::geteuid(), ::getegid());
   struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
   if (::futimens(out.fd(), times) != 0) FailErrno(dest, "cannot set the modification time");
   out.Commit();
@@ -611,7 +618,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
   }
   std::vector<std::unique_ptr<OpenFile>> files(index.entries.size());
   auto finish = [&](const Entry& e, int fd) {
-    if (::fchmod(fd, e.mode) != 0) FailErrno(at(e), "chmod failed");
+    if (::fchmod(fd, RestoredMode(e)) != 0) FailErrno(at(e), "chmod failed");
     struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
     if (::futimens(fd, times) != 0) FailErrno(at(e), "cannot set the modification time");
     if (::fsync(fd) != 0) FailErrno(at(e), "fsync failed");
@@ -688,7 +695,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
     const Entry& e = index.entries[i];
     if (e.type != EntryType::kFolder) continue;
     SyncFolder(at(e));
-    if (::chmod(at(e).c_str(), e.mode) != 0) FailErrno(at(e), "chmod failed");
+    if (::chmod(at(e).c_str(), RestoredMode(e)) != 0) FailErrno(at(e), "chmod failed");
     struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
     if (::utimensat(AT_FDCWD, at(e).c_str(), times, 0) != 0)
       FailErrno(at(e), "cannot set the modification time");

@@ -232,6 +232,19 @@ class CompressRoundTrip(CkptTestCase):
         self.assertEqual(tree(root), before)
         self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
 
+    def test_set_id_bits_are_not_restored(self):
+        root = self.path("tools")
+        os.makedirs(root)
+        prog = os.path.join(root, "prog")
+        with open(prog, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(prog, 0o6755)
+        run("compress", "-q", root)
+        doc = json.loads(run("inspect", "--json", root + ".ckz").stdout)
+        self.assertEqual([e["mode"] for e in doc["archives"][0]["entries"] if e["path"] == "prog"], ["6755"])
+        run("decompress", "-q", root + ".ckz", "-o", self.path("out"))
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.path("out"), "prog")).st_mode), 0o755)
+
     def test_rm_removes_the_original_only_after_success(self):
         p = self.path("model.pt")
         torch.save(state_dict(1 << 16, torch.float32), p)

@@ -6,9 +6,11 @@ import hashlib
 import json
 import os
 import random
+import signal
 import stat
 import struct
 import subprocess
+import time
 import unittest
 
 import torch
@@ -301,6 +303,42 @@ class CompressRoundTrip(CkptTestCase):
         run("compress", "-q", p, "-o", self.path("renamed"))
         err = run("decompress", self.path("renamed"), expect=1).stderr
         self.assertIn("-o", err)
+
+
+class ChangedWhileCompressing(CkptTestCase):
+    """Another process changes an input while compress reads it: no archive is written."""
+
+    def run_and_change(self, args, folder, change):
+        """Freezes ckptool (SIGSTOP) once its temp file appears, calls change(), lets it go on."""
+        p = subprocess.Popen([CKPTOOL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not [n for n in os.listdir(folder) if "ckptool-tmp" in n]:
+                self.assertIsNone(p.poll(), "finished before its temp file was seen")
+                self.assertLess(time.monotonic(), deadline)
+            p.send_signal(signal.SIGSTOP)
+            change()
+        finally:
+            p.send_signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=300)
+        return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+    def test_file_and_folder_member_touched_mid_run(self):
+        folder = self.path("ckpt")
+        os.makedirs(folder)
+        model = os.path.join(folder, "model.pt")
+        torch.save(state_dict(16 << 20, torch.float32), model)
+        for i, (target, archive) in enumerate(((model, model + ".ckz"), (folder, folder + ".ckz"))):
+            with self.subTest(target=target):
+                stamp = time.time_ns() - (i + 1) * 10 ** 9  # a modification time it never had
+                r = self.run_and_change(["compress", "-j1", target], os.path.dirname(archive),
+                                        lambda: os.utime(model, ns=(stamp, stamp)))
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                lines = r.stderr.splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(f"{model}: the file changed while it was being compressed", lines[0])
+                self.assertFalse(os.path.exists(archive))
+                self.assertEqual([n for n in os.listdir(os.path.dirname(archive)) if "ckptool-tmp" in n], [])
 
 
 class DamagedArchives(CkptTestCase):

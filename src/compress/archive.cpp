@@ -89,18 +89,25 @@ std::string Archive::DescribeChunk(size_t k) const {
   return fmt::format("{}: chunk {} (bytes {}-{}{})", path, k, c.offset, end - 1, what);
 }
 
-void Archive::DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
+std::string Archive::TryDecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
   const Chunk& c = index_.chunks.at(k);
   // Mapped in one go and dropped after: memory stays flat however large the archive.
   bool mapped = map_.bytes().data() == bytes_.data() && bytes_.data() != nullptr;
   if (mapped) map_.Populate(c.archive_offset, c.stored_bytes());
+  std::string error;
   try {
     coder.Decode(ChunkBytes(k), c, ChunkRuns(k), dst);
   } catch (const Error& e) {
-    if (mapped) map_.Release(c.archive_offset, c.stored_bytes());
-    Fail("{}: {}: {}: the archive is damaged", name_, DescribeChunk(k), e.what());
+    error = e.what();
   }
   if (mapped) map_.Release(c.archive_offset, c.stored_bytes());
+  return error;
+}
+
+void Archive::DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
+  std::string error = TryDecodeChunk(coder, k, dst);
+  if (!error.empty())
+    Fail("{}: {}: {}: the archive is damaged", name_, DescribeChunk(k), error);
 }
 
 }  // namespace ckpt::ckz

@@ -39,6 +39,8 @@ class Archive {
   std::string DescribeChunk(size_t k) const;
   // Decodes chunk k into dst (its length); throws naming the archive, file and tensor.
   void DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const;
+  // The same, returning what is wrong ("" when the chunk is good) instead of throwing.
+  std::string TryDecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const;
 
  private:
   void Load();

@@ -144,7 +144,8 @@ int RemoveStaleTempFiles(const std::string& final_path) {
     pid_t pid = static_cast<pid_t>(std::atoi(rest.c_str()));
     if (pid <= 0 || pid == ::getpid()) continue;
     if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // that process still runs
-    if (fs::remove(it->path(), ec)) ++removed;
+    // A temp folder (decompress of a folder archive) goes with everything in it.
+    if (fs::remove_all(it->path(), ec) > 0) ++removed;
   }
   return removed;
 }

@@ -25,7 +25,8 @@ void UnregisterTempFile(int slot);
 // A fresh temp path next to `final_path`.
 std::string TempPathFor(const std::string& final_path);
 
-// Removes temp files for `final_path` left by ckptool processes that no longer exist.
+// Removes temp files (and temp folders) for `final_path` left by ckptool processes that no
+// longer exist.
 // Returns how many were removed.
 int RemoveStaleTempFiles(const std::string& final_path);
 

@@ -265,7 +265,16 @@ void CheckOutputFree(const std::string& out, bool force) {
 }  // namespace
 
 std::string DefaultArchiveName(const std::string& path) {
-  return StripSlashes(path) + kSuffix;
+  std::string p = StripSlashes(path);
+  std::string name = fs::path(p).filename().string();
+  if (name == "." || name == ".." || name.empty()) {
+    // "." names the folder we are in: its archive goes beside it, under its own name.
+    std::error_code ec;
+    fs::path real = fs::canonical(p, ec);
+    if (ec || real.filename().empty()) Fail("{}: give the archive's name with -o", path);
+    return real.string() + kSuffix;
+  }
+  return p + kSuffix;
 }
 
 std::string DefaultRestoredName(const std::string& archive) {
@@ -295,8 +304,8 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       std::error_code ec;
       fs::path out_abs = fs::weakly_canonical(fs::absolute(r.output), ec);
       fs::path in_abs = fs::weakly_canonical(fs::absolute(path), ec);
-      std::string rel = out_abs.lexically_relative(in_abs).generic_string();
-      if (!rel.empty() && rel != "." && rel.rfind("..", 0) != 0)
+      fs::path rel = out_abs.lexically_relative(in_abs);
+      if (rel.empty() || rel == "." || *rel.begin() != "..")
         Fail("{}: the archive cannot be written inside the folder it archives", r.output);
     }
   }
@@ -454,6 +463,14 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
              r.output);
     }
     out->Commit();
+  } else {
+    for (const auto& in : inputs) {
+      if (in && in->stamp.ChangedOnDisk())
+        Fail(
+            "{}: the file changed while it was being compressed; the archive written to stdout "
+            "does not hold it as it is now",
+            in->path);
+    }
   }
 
   // 7. --rm: the originals go, only what was archived (a folder that gained files stays).
@@ -490,6 +507,13 @@ struct TempFolder {
     if (!keep && !path.empty()) fs::remove_all(path, ec);
   }
 };
+
+// The mode a restored entry gets: the archived permission bits without set-user-ID and
+// set-group-ID, which would turn a file from an archive into a program that runs as whoever
+// restored it (the files belong to the user who decompresses).
+mode_t RestoredMode(const Entry& e) {
+  return static_cast<mode_t>(e.mode & ~(S_ISUID | S_ISGID));
+}
 
 void CheckFileCrcs(const ckz::Archive& a, const std::vector<uint32_t>& chunk_crcs) {
   const Index& index = a.index();
@@ -532,7 +556,7 @@ void RestoreFile(const ckz::Archive& a, const DecompressOptions& o, const std::s
     if (o.bytes_done) *o.bytes_done += ch.length;
   });
   CheckFileCrcs(a, crcs);
-  out.SetMode(e.mode, ::geteuid(), ::getegid());
+  out.SetMode(RestoredMode(e), ::geteuid(), ::getegid());
   struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
   if (::futimens(out.fd(), times) != 0) FailErrno(dest, "cannot set the modification time");
   out.Commit();
@@ -594,7 +618,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
   }
   std::vector<std::unique_ptr<OpenFile>> files(index.entries.size());
   auto finish = [&](const Entry& e, int fd) {
-    if (::fchmod(fd, e.mode) != 0) FailErrno(at(e), "chmod failed");
+    if (::fchmod(fd, RestoredMode(e)) != 0) FailErrno(at(e), "chmod failed");
     struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
     if (::futimens(fd, times) != 0) FailErrno(at(e), "cannot set the modification time");
     if (::fsync(fd) != 0) FailErrno(at(e), "fsync failed");
@@ -671,7 +695,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
     const Entry& e = index.entries[i];
     if (e.type != EntryType::kFolder) continue;
     SyncFolder(at(e));
-    if (::chmod(at(e).c_str(), e.mode) != 0) FailErrno(at(e), "chmod failed");
+    if (::chmod(at(e).c_str(), RestoredMode(e)) != 0) FailErrno(at(e), "chmod failed");
     struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
     if (::utimensat(AT_FDCWD, at(e).c_str(), times, 0) != 0)
       FailErrno(at(e), "cannot set the modification time");
@@ -746,12 +770,8 @@ ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads) {
   ckz::ParallelWorkers(index.chunks.size(), threads, [&](size_t k, unsigned w) {
     if (!coders[w]) coders[w] = std::make_unique<ckz::ChunkCoder>();
     buffers[w].resize(index.chunks[k].length);
-    try {
-      coders[w]->Decode(a.ChunkBytes(k), index.chunks[k], a.ChunkRuns(k), buffers[w].data());
-      ok[k] = 1;
-    } catch (const Error& e) {
-      errors[k] = e.what();
-    }
+    errors[k] = a.TryDecodeChunk(*coders[w], k, buffers[w].data());
+    ok[k] = errors[k].empty();
   });
   r.chunks = index.chunks.size();
   std::vector<bool> bad_file(index.entries.size(), false);

@@ -6,9 +6,11 @@ import hashlib
 import json
 import os
 import random
+import signal
 import stat
 import struct
 import subprocess
+import time
 import unittest
 
 import torch
@@ -232,6 +234,19 @@ class CompressRoundTrip(CkptTestCase):
         self.assertEqual(tree(root), before)
         self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
 
+    def test_set_id_bits_are_not_restored(self):
+        root = self.path("tools")
+        os.makedirs(root)
+        prog = os.path.join(root, "prog")
+        with open(prog, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(prog, 0o6755)
+        run("compress", "-q", root)
+        doc = json.loads(run("inspect", "--json", root + ".ckz").stdout)
+        self.assertEqual([e["mode"] for e in doc["archives"][0]["entries"] if e["path"] == "prog"], ["6755"])
+        run("decompress", "-q", root + ".ckz", "-o", self.path("out"))
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.path("out"), "prog")).st_mode), 0o755)
+
     def test_rm_removes_the_original_only_after_success(self):
         p = self.path("model.pt")
         torch.save(state_dict(1 << 16, torch.float32), p)
@@ -288,6 +303,42 @@ class CompressRoundTrip(CkptTestCase):
         run("compress", "-q", p, "-o", self.path("renamed"))
         err = run("decompress", self.path("renamed"), expect=1).stderr
         self.assertIn("-o", err)
+
+
+class ChangedWhileCompressing(CkptTestCase):
+    """Another process changes an input while compress reads it: no archive is written."""
+
+    def run_and_change(self, args, folder, change):
+        """Freezes ckptool (SIGSTOP) once its temp file appears, calls change(), lets it go on."""
+        p = subprocess.Popen([CKPTOOL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not [n for n in os.listdir(folder) if "ckptool-tmp" in n]:
+                self.assertIsNone(p.poll(), "finished before its temp file was seen")
+                self.assertLess(time.monotonic(), deadline)
+            p.send_signal(signal.SIGSTOP)
+            change()
+        finally:
+            p.send_signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=300)
+        return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+    def test_file_and_folder_member_touched_mid_run(self):
+        folder = self.path("ckpt")
+        os.makedirs(folder)
+        model = os.path.join(folder, "model.pt")
+        torch.save(state_dict(16 << 20, torch.float32), model)
+        for i, (target, archive) in enumerate(((model, model + ".ckz"), (folder, folder + ".ckz"))):
+            with self.subTest(target=target):
+                stamp = time.time_ns() - (i + 1) * 10 ** 9  # a modification time it never had
+                r = self.run_and_change(["compress", "-j1", target], os.path.dirname(archive),
+                                        lambda: os.utime(model, ns=(stamp, stamp)))
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                lines = r.stderr.splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(f"{model}: the file changed while it was being compressed", lines[0])
+                self.assertFalse(os.path.exists(archive))
+                self.assertEqual([n for n in os.listdir(os.path.dirname(archive)) if "ckptool-tmp" in n], [])
 
 
 class DamagedArchives(CkptTestCase):

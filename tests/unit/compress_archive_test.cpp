@@ -18,6 +18,7 @@
 #include "compress/archive.h"
 #include "compress/format.h"
 #include "compress/layout.h"
+#include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "ops/compress.h"
 #include "test_util.h"
@@ -287,6 +288,61 @@ TEST_F(CompressArchiveTest, DecompressNeverLeavesAWrongOrPartialFile) {
   EXPECT_FALSE(fs::exists(Path("bad")));
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find("ckptool-tmp"), std::string::npos) << e.path();
+}
+
+TEST(CompressLayoutTest, ChunksTileTheFileAtElementBoundariesWithinTheSizeLimits) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    uint64_t size = rng() % (8 << 20);
+    std::vector<ckz::TypedRange> ranges;
+    uint64_t pos = rng() % 1000;
+    while (pos < size) {
+      ckz::Transform t = static_cast<ckz::Transform>(1 + rng() % 4);
+      uint64_t es = ckz::ElementBytes(t);
+      uint64_t len = es * (1 + rng() % ((round % 3 == 0 ? 3u << 20 : 40000u) / es));
+      if (pos + len > size) break;
+      ranges.push_back({pos, len, t});
+      pos += len + (rng() % 2 ? 0 : rng() % 300);
+    }
+    std::vector<ckz::ChunkSpan> chunks = ckz::PlanChunks(size, ranges);
+    uint64_t at = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const ckz::ChunkSpan& c = chunks[i];
+      ASSERT_EQ(c.offset, at);
+      ASSERT_GT(c.length, 0u);
+      ASSERT_LE(c.length, ckz::kMaxChunk);
+      // A chunk is closed early (for a tensor that does not fit) only once it holds the
+      // minimum: only the file's last chunk may be smaller.
+      if (i + 1 < chunks.size()) {
+        ASSERT_GE(c.length, ckz::kMinChunk) << i;
+      }
+      EXPECT_NO_THROW(ckz::RunsOf(ranges, c.offset, c.length));  // whole elements
+      at += c.length;
+    }
+    ASSERT_EQ(at, size);
+  }
+}
+
+TEST(CompressLayoutTest, ATensorThatDoesNotFitStartsANewChunk) {
+  // 300 KiB of bytes, then a 900 KiB tensor: it starts its own chunk (tensor-aligned).
+  std::vector<ckz::TypedRange> ranges = {{300 << 10, 900 << 10, ckz::Transform::kBF16}};
+  std::vector<ckz::ChunkSpan> chunks = ckz::PlanChunks(1200 << 10, ranges);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[1].offset, 300u << 10);
+}
+
+TEST(CompressArchiveAtomicTest, BoundedOutputIsCutToTheBytesWritten) {
+  char tmpl[] = "/tmp/ckpt-ckz-out-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string path = std::string(tmpl) + "/a";
+  {
+    AtomicOutput out = AtomicOutput::Create(path, 1 << 20);
+    out.Write(0, test::B("0123456789"));
+    out.Truncate(10);
+    out.Commit();
+  }
+  EXPECT_EQ(Get(path), "0123456789");
+  fs::remove_all(tmpl);
 }
 
 }  // namespace

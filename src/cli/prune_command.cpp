@@ -36,6 +36,8 @@ int RunPrune(PruneCliOptions o) {
                               {"keep", e.keep},
                               {"complete", e.complete},
                               {"reason", e.reason},
+                              {"archive", e.archive},
+                              {"also", e.also},
                               {"stripped", e.stripped}});
     }
     PrintJson(j);
@@ -44,7 +46,9 @@ int RunPrune(PruneCliOptions o) {
   for (const std::string& n : r.notes) std::cout << "note: " << Printable(n) << "\n";
   std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}\n", "step", "checkpoint", "size", "decision");
   for (const PruneEntry& e : r.entries) {
-    std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, Printable(e.name),
+    std::string name = e.name;
+    for (const std::string& a : e.also) name += " + " + a;
+    std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, Printable(name),
                              HumanBytes(e.bytes),
                              e.keep ? "keep" : (o.p.yes ? "deleted" : "delete"), e.reason);
   }

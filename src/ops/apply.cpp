@@ -15,11 +15,13 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
+#include "ops/compress.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
 #include "ops/dcp_report.h"
@@ -48,7 +50,8 @@ struct Entry {
   std::string path;  // ROOT/name
   int64_t step = -1;
   bool folder = false;
-  uint64_t rank = 0;  // 1 = the newest complete checkpoint retention keeps
+  bool archive = false;  // NAME.ckz: a compressed checkpoint (only retention applies)
+  uint64_t rank = 0;     // 1 = the newest complete checkpoint retention keeps
 };
 
 // What a step did (or, in a dry run, would do).
@@ -59,6 +62,7 @@ struct StepOutcome {
   std::string message;
   std::vector<std::string> outputs;  // relative to ROOT
   std::vector<std::string> warnings;
+  std::string became;  // the checkpoint's new entry name (compress: NAME.ckz replaced it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -481,19 +485,66 @@ StepOutcome RunVerify(const StepContext& c) {
 }
 
 // ---- compress ----------------------------------------------------------------------------
-// The one place the compress command (ops/compress.h) plugs in. It is not wired yet: what a
-// checkpoint that became an archive means for the ledger's fingerprints and for retention
-// (which counts checkpoint folders) is still to be settled, so a policy with [compress] is
-// refused at run time rather than half done. Wiring it is the call in RunCompress below and
-// kHaveCompress = true.
-constexpr bool kHaveCompress = false;
-constexpr const char* kNoCompress =
-    "compress step: not run by apply/watch yet (run ckptool compress on the checkpoint)";
+// The checkpoint becomes NAME.ckz beside it (ckptool compress, the level of the policy). The
+// archive is written through a temp file, renamed into place, then read back from disk and
+// every chunk decoded and checked; only then does the original go, renamed to a trash name
+// first, so the checkpoint exists under one of its two names at every moment. From then on
+// NAME.ckz is the checkpoint: its ledger record moves to that name (Process), retention counts
+// and deletes it, no other step runs on it. keep_original: the archive is an output instead.
+
+std::string ArchiveName(const Entry& e) {
+  return e.name + ".ckz";
+}
 
 StepOutcome RunCompress(const StepContext& c) {
   const policy::CompressStep& s = *c.p.compress;
-  (void)s;
-  Fail("{}", kNoCompress);
+  StepOutcome o;
+  std::string rel = ArchiveName(c.e);
+  std::string out = Abs(c.root, rel);
+  Fingerprint files = policy::StatCheckpoint(c.root, c.e.name, {});
+  for (const auto& [name, f] : files) o.before += f.size;
+  if (c.dry_run) {
+    o.after = o.before;
+    o.message = fmt::format(
+        "would compress {} ({}) into {}{} (its size is known once it is compressed)",
+        c.e.folder ? "the folder" : "the file", HumanBytes(o.before), rel,
+        s.keep_original ? "" : ", replacing it once the archive is verified");
+    return o;
+  }
+  CompressOptions co;
+  co.level = s.level == "max" ? ckz::Level::kMax : ckz::Level::kFast;
+  co.threads = c.threads;
+  co.output = out;
+  co.force = true;  // an archive left by a run stopped before the original was removed
+  CompressResult r = CompressPath(c.e.path, co);
+  for (const std::string& w : r.warnings) o.warnings.push_back(w);
+  try {
+    ckz::Archive back = ckz::Archive::Open(out);
+    ArchiveVerifyResult v = VerifyArchive(back, c.threads);
+    if (!v.problems.empty()) Fail("{}", v.problems[0].what);
+  } catch (const std::exception& ex) {
+    std::error_code ec;
+    fs::remove(out, ec);
+    Fail("{}: reading the new archive back failed ({}); it was removed, the checkpoint is "
+         "untouched",
+         rel, ex.what());
+  }
+  std::string ratio =
+      r.after ? fmt::format("{:.2f}x", static_cast<double>(r.before) / r.after) : "-";
+  if (s.keep_original) {
+    o.after = o.before;
+    o.written = r.after;
+    o.outputs.push_back(rel);
+    o.message = fmt::format("{} files ({}) into {} ({}, {}), the original kept", r.files,
+                            HumanBytes(r.before), rel, HumanBytes(r.after), ratio);
+    return o;
+  }
+  TrashEntry(c.root, c.e.name);
+  o.after = r.after;
+  o.became = rel;
+  o.message = fmt::format("{} files ({}) into {} ({}, {}); the original removed", r.files,
+                          HumanBytes(r.before), rel, HumanBytes(r.after), ratio);
+  return o;
 }
 
 StepOutcome RunStep(Step step, const StepContext& c) {
@@ -529,10 +580,6 @@ bool Due(const Policy& p, Step step, uint64_t rank) {
 
 }  // namespace
 
-std::string UnavailableSteps(const Policy& p) {
-  if (p.compress && !kHaveCompress) return kNoCompress;
-  return "";
-}
 
 uint64_t KillAtSave() {
   const char* v = std::getenv("CKPTOOL_TEST_KILL_AT_SAVE");
@@ -605,17 +652,44 @@ struct Applier::State {
   bool Stopping() const { return o.stop && o.stop->load(); }
 
   void Retention(PruneResult& plan, PassResult& result);
+  bool CompressFinished(const std::string& name, policy::CheckpointRecord& rec);
   void Process(const Entry& e, PassResult& result);
 };
 
 Applier::Applier(std::string root, Policy policy, ApplyOptions options) {
   if (!fs::is_directory(root)) Fail("{}: not a folder", root);
-  std::string missing = UnavailableSteps(policy);
-  if (!missing.empty()) Fail("{}", missing);
   s_ = std::make_unique<State>(std::move(root), std::move(policy), std::move(options));
 }
 
 Applier::~Applier() = default;
+
+// A run stopped inside the compress step after the original went (it goes only once its
+// archive is written and verified) and before the ledger knew: the checkpoint is NAME.ckz.
+bool Applier::State::CompressFinished(const std::string& name, policy::CheckpointRecord& rec) {
+  if (rec.running_step != StepName(Step::kCompress) || !rec.running) return false;
+  std::string archive = name + ".ckz";
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(fs::path(root) / archive, ec))) return false;
+  policy::StepRecord done = *rec.running;
+  done.before = policy::TotalBytes(rec.files);
+  done.note = "the archive was written and verified before the run was stopped";
+  auto node = ledger.checkpoints().extract(name);
+  ledger.checkpoints().erase(archive);
+  node.key() = archive;
+  policy::CheckpointRecord& moved = node.mapped();
+  moved.running.reset();
+  moved.running_step.clear();
+  moved.files = policy::StatCheckpoint(root, archive, {});
+  policy::HashFiles(root, moved.files);
+  done.after = policy::TotalBytes(moved.files);
+  moved.steps[StepName(Step::kCompress)] = done;
+  ledger.checkpoints().insert(std::move(node));
+  Log({"resume", archive, StepName(Step::kCompress),
+       fmt::format("{} was compressed into {} when the run was stopped: recorded", name,
+                   archive)});
+  dirty = true;
+  return true;
+}
 
 void Applier::State::Retention(PruneResult& plan, PassResult& result) {
   for (PruneEntry& pe : plan.entries) {
@@ -656,6 +730,7 @@ void Applier::State::Retention(PruneResult& plan, PassResult& result) {
       }
     };
     for (const std::string& out : outputs) trash(Abs(root, out));
+    for (const std::string& a : pe.also) trash((fs::path(root) / a).string());
     bool ours = trash((fs::path(root) / pe.name).string());
     ev.message = fmt::format("{} ({}, {})", ours ? "deleted" : "already deleted by another process",
                              HumanBytes(pe.bytes), pe.reason);
@@ -669,6 +744,9 @@ void Applier::State::Retention(PruneResult& plan, PassResult& result) {
 }
 
 void Applier::State::Process(const Entry& e, PassResult& result) {
+  // A compressed checkpoint: retention counts and deletes it; no step runs on an archive
+  // (decompress it to work on it again).
+  if (e.archive) return;
   const Fingerprint* stat = completeness.StatOf(e.name);
   if (!stat) return;
   std::vector<Step> due;
@@ -775,8 +853,17 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
       Log(ev);
       continue;
     }
+    if (error.empty() && !out.became.empty()) {
+      // The checkpoint is its archive now: the record moves to the new name, with the outputs
+      // that retention deletes with it.
+      auto node = records.extract(e.name);
+      records.erase(out.became);
+      node.key() = out.became;
+      records.insert(std::move(node));
+    }
     // The checkpoint as the step left it.
-    Fingerprint after = policy::StatCheckpoint(root, e.name, [&] {
+    const std::string& now_name = out.became.empty() ? e.name : out.became;
+    Fingerprint after = policy::StatCheckpoint(root, now_name, [&] {
       std::vector<std::string> rel = OutputsInside(policy, e);
       return rel;
     }());
@@ -806,7 +893,9 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
     ev.after = out.after;
     if (out.written) ev.details["written"] = out.written;
     if (!out.outputs.empty()) ev.details["outputs"] = out.outputs;
+    if (!out.became.empty()) ev.details["became"] = out.became;
     Log(ev);
+    if (!out.became.empty()) return;  // the entry e names is gone
   }
   if (dirty) Save();
 }
@@ -844,20 +933,22 @@ PassResult Applier::RunPass() {
   // Ledger entries whose checkpoint is gone (the trainer rotated it away).
   std::set<std::string> present;
   for (const PruneEntry& pe : plan.entries) present.insert(pe.name);
-  for (auto it = s.ledger.checkpoints().begin(); it != s.ledger.checkpoints().end();) {
+  std::vector<std::string> recorded;
+  for (const auto& [name, rec] : s.ledger.checkpoints()) recorded.push_back(name);
+  for (const std::string& name : recorded) {
     std::error_code ec;
-    if (present.count(it->first) ||
-        fs::exists(fs::symlink_status(fs::path(s.root) / it->first, ec))) {
-      ++it;
+    if (present.count(name) || fs::exists(fs::symlink_status(fs::path(s.root) / name, ec)))
       continue;
-    }
-    ApplyEvent ev{"gone", it->first, "", "deleted by someone else: forgotten"};
+    auto it = s.ledger.checkpoints().find(name);
+    if (it == s.ledger.checkpoints().end()) continue;
+    if (s.CompressFinished(name, it->second)) continue;
+    ApplyEvent ev{"gone", name, "", "deleted by someone else: forgotten"};
     if (!it->second.outputs.empty()) {
       ev.details["outputs"] = it->second.outputs;
       ev.message += "; its outputs are left where they are";
     }
     s.Log(ev);
-    it = s.ledger.checkpoints().erase(it);
+    s.ledger.checkpoints().erase(it);
     s.dirty = true;
   }
   if (s.dirty) s.Save();
@@ -885,6 +976,7 @@ PassResult Applier::RunPass() {
     e.step = static_cast<int64_t>(pe.step);
     std::error_code ec;
     e.folder = fs::is_directory(fs::symlink_status(e.path, ec));
+    e.archive = pe.archive;
     e.rank = ++rank;
     entries.push_back(e);
   }

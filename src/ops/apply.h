@@ -64,10 +64,6 @@ struct PassResult {
   std::optional<double> next_settle;  // seconds until a settling checkpoint may be ready
 };
 
-// The steps this build cannot run: apply refuses a policy naming one, before touching
-// anything. Empty when every step can run.
-std::string UnavailableSteps(const policy::Policy& p);
-
 class Applier {
  public:
   // Takes the lock on ROOT (RootLock) and reads the ledger. Throws ckpt::Error.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -16,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/names.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "io/temp_files.h"
 #include "io/text_file.h"
@@ -103,6 +105,18 @@ bool LooksComplete(const std::string& path, std::string* why) {
   std::vector<std::string> files;
   std::vector<std::string> dcp_folders;
   std::error_code ec;
+  if (!ArchivedCheckpointName(p.filename().string()).empty() &&
+      fs::is_regular_file(fs::symlink_status(p, ec))) {
+    // A compressed checkpoint: complete when its index is whole (compress renames the archive
+    // into place only once it is written; a copy still under way has no valid footer).
+    try {
+      ckz::Archive::Open(p.string());
+      return true;
+    } catch (const Error& e) {
+      *why = e.what();
+      return false;
+    }
+  }
   if (fs::is_directory(fs::symlink_status(p, ec))) {
     for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
       if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
@@ -166,6 +180,8 @@ bool IsTrashName(const std::string& name) {
 
 // Rename first (atomic: the checkpoint's name is gone at once), then delete.
 void TrashEntry(const std::string& dir, const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    Fail("internal: '{}' is not an entry of {}; nothing deleted", name, dir);
   fs::path root(dir);
   fs::path trash = root / fmt::format("{}{}-{}", kTrashPrefix, name, ::getpid());
   std::error_code ec;
@@ -199,7 +215,16 @@ void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
 
 }  // namespace
 
-int64_t StepFromName(const std::string& name) {
+std::string ArchivedCheckpointName(const std::string& name) {
+  constexpr std::string_view kSuffix = ".ckz";
+  if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) return "";
+  std::string stem = name.substr(0, name.size() - kSuffix.size());
+  return StepFromName(stem) >= 0 ? stem : "";
+}
+
+int64_t StepFromName(const std::string& name_arg) {
+  std::string name = name_arg;
+  if (name.ends_with(".ckz")) name.resize(name.size() - 4);
   static const std::vector<std::regex> patterns = {
       std::regex(R"(^global_step(\d+)$)"),
       std::regex(R"(^checkpoint-(\d+)$)"),
@@ -245,11 +270,36 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     pe.name = name;
     pe.step = static_cast<uint64_t>(step);
     pe.bytes = SizeOf(e.path());
+    pe.archive = !ArchivedCheckpointName(name).empty() && e.is_regular_file(ec);
     std::string why;
     pe.complete =
         complete ? complete(e.path().string(), &why) : LooksComplete(e.path().string(), &why);
     if (!pe.complete) pe.reason = "looks incomplete (" + why + "): left alone";
     r.entries.push_back(std::move(pe));
+  }
+  // A checkpoint kept beside its archive (compress without --rm, or a run stopped between
+  // writing the archive and removing the original) is one checkpoint: counted once, judged by
+  // the original, deleted together.
+  {
+    std::map<std::string, size_t> by_name;
+    for (size_t i = 0; i < r.entries.size(); ++i) by_name[r.entries[i].name] = i;
+    std::vector<bool> merged(r.entries.size(), false);
+    for (size_t i = 0; i < r.entries.size(); ++i) {
+      if (!r.entries[i].archive) continue;
+      auto orig = by_name.find(ArchivedCheckpointName(r.entries[i].name));
+      if (orig == by_name.end()) continue;
+      PruneEntry& original = r.entries[orig->second];
+      original.also.push_back(r.entries[i].name);
+      original.bytes += r.entries[i].bytes;
+      merged[i] = true;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < r.entries.size(); ++i) {
+      if (merged[i]) continue;
+      if (k != i) r.entries[k] = std::move(r.entries[i]);
+      ++k;
+    }
+    r.entries.resize(k);
   }
   // Numeric order by step; ties by modification time.
   std::sort(r.entries.begin(), r.entries.end(), [&](const PruneEntry& a, const PruneEntry& b) {
@@ -271,7 +321,8 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     } else if (newest_seen <= o.keep_last) {
       e.keep = true;
       e.reason = fmt::format("among the newest {}", o.keep_last);
-    } else if (pointed.count(e.name)) {
+    } else if (pointed.count(e.name) ||
+               (e.archive && pointed.count(ArchivedCheckpointName(e.name)))) {
       e.keep = true;
       e.reason = "pointed at (latest / best / symlink)";
     } else if (o.keep_every && e.step % o.keep_every == 0) {
@@ -283,7 +334,7 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     } else {
       e.reason = "older than the newest kept";
     }
-    if (e.keep && o.strip_older && newest_seen > o.strip_older)
+    if (e.keep && !e.archive && o.strip_older && newest_seen > o.strip_older)
       e.reason += "; optimizer state stripped";
   }
   for (PruneEntry& e : r.entries) {
@@ -306,14 +357,16 @@ void ExecutePrune(const std::string& root_arg, PruneResult& r, const PruneOption
          std::strerror(errno));
   }
   for (PruneEntry& e : r.entries) {
-    if (!e.keep) TrashEntry(root_arg, e.name);
+    if (e.keep) continue;
+    for (const std::string& a : e.also) TrashEntry(root_arg, a);
+    TrashEntry(root_arg, e.name);
   }
   if (o.strip_older) {
     uint64_t seen = 0;
     for (size_t i = r.entries.size(); i-- > 0;) {
       PruneEntry& e = r.entries[i];
       if (!e.keep || !e.complete) continue;
-      if (++seen > o.strip_older) StripKept(root / e.name, e, o);
+      if (++seen > o.strip_older && !e.archive) StripKept(root / e.name, e, o);
     }
   }
 }

@@ -25,6 +25,10 @@ struct PruneOptions {
 
 struct PruneEntry {
   std::string name;  // entry in ROOT
+  // Other entries that are the same checkpoint and go with it: NAME.ckz, the archive
+  // `ckptool compress` made of it while the original was kept.
+  std::vector<std::string> also;
+  bool archive = false;  // the entry is a .ckz archive (compressed checkpoint)
   uint64_t step = 0;
   uint64_t bytes = 0;
   bool keep = false;
@@ -63,6 +67,11 @@ void TrashEntry(const std::string& dir, const std::string& name);
 bool IsTrashName(const std::string& name);
 
 // The training step a checkpoint's name carries, or -1 when it does not look like one.
+// A compressed checkpoint (`global_step1000.ckz`, `epoch=3-step=900.ckpt.ckz`) carries the
+// step of the name it was compressed from.
 int64_t StepFromName(const std::string& name);
+
+// "global_step1000" for "global_step1000.ckz" when that name carries a step; "" otherwise.
+std::string ArchivedCheckpointName(const std::string& name);
 
 }  // namespace ckpt

@@ -216,8 +216,12 @@ bool Completeness::Complete(const std::string& path, std::string* why) {
   std::string name = fs::path(path).filename().string();
   std::error_code ec;
   bool folder = fs::is_directory(fs::symlink_status(path, ec));
-  std::string layout;
-  std::string missing = MarkerMissing(name, folder, StepFromName(name), &layout);
+  std::string layout = "ckz";
+  // A compressed checkpoint (NAME.ckz) has no framework marker: compress renamed it into place
+  // once written, and LooksComplete reads its index.
+  bool archive = !folder && !ArchivedCheckpointName(name).empty();
+  std::string missing =
+      archive ? "" : MarkerMissing(name, folder, StepFromName(name), &layout);
   layouts_[name] = layout;
   std::vector<std::string> exclude;
   if (o_.outputs_inside) exclude = o_.outputs_inside(name);

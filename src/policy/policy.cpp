@@ -434,11 +434,12 @@ void ReadStrip(Reader& r, const toml::table& t, Policy& p) {
 }
 
 void ReadCompress(Reader& r, const toml::table& t, Policy& p) {
-  Section s(r, t, "compress", {"older_than_newest", "level"});
+  Section s(r, t, "compress", {"older_than_newest", "level", "keep_original"});
   s.CheckKeys();
   CompressStep x;
   if (auto v = s.UInt("older_than_newest", 0)) x.older_than_newest = *v;
   if (auto v = s.String("level", {"fast", "max"})) x.level = *v;
+  if (auto v = s.Bool("keep_original")) x.keep_original = *v;
   p.compress = x;
 }
 
@@ -510,6 +511,7 @@ nlohmann::ordered_json Policy::Options(Step s) const {
     case Step::kCompress:
       if (!compress) break;
       j["level"] = compress->level;
+      j["keep_original"] = compress->keep_original;
       break;
   }
   return j;

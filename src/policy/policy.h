@@ -107,6 +107,9 @@ struct StripStep {
 struct CompressStep {
   uint64_t older_than_newest = 1;
   std::string level = "fast";
+  // false: NAME.ckz replaces the checkpoint (removed once the archive is written, read back
+  // and verified); true: the archive is written beside it, an output deleted with it.
+  bool keep_original = false;
 };
 
 // The steps, in the order they run on a checkpoint.

@@ -261,12 +261,15 @@ class KillTestBase:
         t = time.monotonic()
         apply(self.reference, *SETTLE)
         self.duration = time.monotonic() - t
-        self.expected = pf.tree(self.reference)
+        self.expected = self.tree(self.reference)
         self.expected_steps = pf.ledger_steps(self.reference)
+
+    def tree(self, root):
+        return pf.tree(root)
 
     def assertSameEnd(self, root, what):
         apply(root, *SETTLE)  # resume
-        got = pf.tree(root)
+        got = self.tree(root)
         self.assertEqual(sorted(got), sorted(self.expected), what)
         for rel in got:
             self.assertEqual(got[rel], self.expected[rel], f"{what}: {rel} differs")
@@ -334,6 +337,162 @@ class MegatronKillTest(KillTestBase, PolicyTestCase):
             pf.megatron_checkpoint(root, it)
         self.write_policy(root, "[retention]\nkeep_last = 2\n[export]\n[verify]\n[strip]\n"
                                 "older_than_newest = 0\n")
+
+
+def unpacked_tree(test, root):
+    """pf.tree, with every .ckz archive replaced by what `ckptool decompress` restores from it
+    (archives hold mtimes, which differ between runs; their contents must not)."""
+    out = {}
+    for rel, data in pf.tree(root).items():
+        if not rel.endswith(".ckz"):
+            out[rel] = data
+            continue
+        dest = test.path(f"unpacked-{len(os.listdir(test.tmp))}")
+        run("decompress", os.path.join(root, rel), "-o", dest)
+        out[rel] = "archive"
+        for inner, d in pf.tree(dest).items():
+            out[f"{rel}!{inner}"] = d
+        if os.path.isfile(dest):
+            with open(dest, "rb") as f:
+                out[f"{rel}!"] = f.read()
+    return out
+
+
+HF_COMPRESS_POLICY = """
+[retention]
+keep_last = 3
+[verify]
+[strip]
+older_than_newest = 1
+delete_files = true
+[compress]
+older_than_newest = 2
+"""
+
+
+class CompressStepTest(PolicyTestCase):
+    """[compress]: checkpoints older than the newest N become NAME.ckz; retention counts and
+    deletes the archives as the checkpoints they are, and prune plans the same."""
+
+    def test_hf_checkpoints_become_archives_and_age_out(self):
+        root = self.path("run")
+        reference = self.path("reference")
+        for r in (root, reference):
+            for s in (100, 200, 300, 400):
+                pf.hf_checkpoint(r, s, best=400)
+        self.write_policy(root, HF_COMPRESS_POLICY)
+        self.write_policy(reference, HF_COMPRESS_POLICY.split("[compress]")[0])
+        apply(reference)
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        # keep_last 3 keeps 200-400; strip ages 200 and 300; compress ages 200 only.
+        self.assertEqual(self.entries(root, r"^checkpoint-"),
+                         ["checkpoint-200.ckz", "checkpoint-300", "checkpoint-400"])
+        step = [e for e in events if e["event"] == "step" and e["step"] == "compress"]
+        self.assertEqual(len(step), 1, events)
+        self.assertEqual(step[0]["checkpoint"], "checkpoint-200")
+        self.assertEqual(step[0]["became"], "checkpoint-200.ckz")
+        archive = os.path.join(root, "checkpoint-200.ckz")
+        self.assertEqual(step[0]["after"], os.path.getsize(archive))
+        self.assertLess(step[0]["after"], step[0]["before"])
+        # The archive restores the stripped folder exactly (what the same policy without
+        # [compress] leaves).
+        dest = self.path("restored")
+        run("decompress", archive, "-o", dest)
+        want = pf.tree(os.path.join(reference, "checkpoint-200"))
+        self.assertEqual(pf.tree(dest), want)
+        self.assertNotIn("optimizer.pt", want)
+        # The ledger record moved with it, steps and all.
+        led = pf.ledger(root)
+        self.assertNotIn("checkpoint-200", led["checkpoints"])
+        self.assertEqual(sorted(led["checkpoints"]["checkpoint-200.ckz"]["steps"]),
+                         ["compress", "strip", "verify"])
+        self.assertEqual(list(led["checkpoints"]["checkpoint-200.ckz"]["files"]),
+                         ["checkpoint-200.ckz"])
+        self.assertSecondRunDoesNothing(root)
+
+        # prune sees the archive as checkpoint 200.
+        doc = json.loads(run("prune", root, "--keep-last", "3", "--json").stdout)
+        self.assertEqual([(e["name"], e["step"], e["archive"], e["keep"]) for e in doc["entries"]],
+                         [("checkpoint-200.ckz", 200, True, True),
+                          ("checkpoint-300", 300, False, True),
+                          ("checkpoint-400", 400, False, True)])
+
+        # Training goes on: 500 lands. Retention deletes the archive (the oldest of four);
+        # 300 ages into compress; 400 into strip.
+        pf.hf_checkpoint(root, 500, best=500)
+        expected = self.prune_plan(root, "--keep-last", "3")
+        self.assertEqual(expected, ["checkpoint-300", "checkpoint-400", "checkpoint-500"])
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        self.assertEqual(steps_of(events, "delete"), [("checkpoint-200.ckz", "retention")])
+        self.assertEqual(steps_of(events), [("checkpoint-300", "compress"),
+                                            ("checkpoint-400", "strip"),
+                                            ("checkpoint-500", "verify")])
+        self.assertEqual(self.entries(root, r"^checkpoint-"),
+                         ["checkpoint-300.ckz", "checkpoint-400", "checkpoint-500"])
+        self.assertEqual([r["name"] for r in pf.ledger(root)["removed"]],
+                         ["checkpoint-100", "checkpoint-200.ckz"])
+        self.assertSecondRunDoesNothing(root)
+
+    def test_keep_original_writes_the_archive_beside_and_retention_deletes_both(self):
+        root = self.path("run")
+        for s in (100, 200, 300):
+            pf.hf_checkpoint(root, s, best=300)
+        self.write_policy(root, "[retention]\nkeep_last = 2\n[compress]\nolder_than_newest = 1\n"
+                                "keep_original = true\n")
+        before = pf.tree(os.path.join(root, "checkpoint-200"))
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        self.assertEqual(self.entries(root, r"^checkpoint-"),
+                         ["checkpoint-200", "checkpoint-200.ckz", "checkpoint-300"])
+        self.assertEqual(pf.tree(os.path.join(root, "checkpoint-200")), before)
+        dest = self.path("restored")
+        run("decompress", os.path.join(root, "checkpoint-200.ckz"), "-o", dest)
+        self.assertEqual(pf.tree(dest), before)
+        # One checkpoint under two names: prune counts it once and would delete both.
+        doc = json.loads(run("prune", root, "--keep-last", "1", "--json").stdout)
+        self.assertEqual([(e["name"], e["also"], e["keep"]) for e in doc["entries"]],
+                         [("checkpoint-200", ["checkpoint-200.ckz"], False),
+                          ("checkpoint-300", [], True)])
+        self.assertSecondRunDoesNothing(root)
+        pf.hf_checkpoint(root, 400, best=400)
+        events, summary = apply(root)
+        self.assertEqual(steps_of(events, "delete"), [("checkpoint-200", "retention")])
+        self.assertEqual(steps_of(events), [("checkpoint-300", "compress")])
+        self.assertEqual(self.entries(root, r"^checkpoint-"),
+                         ["checkpoint-300", "checkpoint-300.ckz", "checkpoint-400"])
+
+    def test_a_lightning_file_becomes_an_archive(self):
+        root = self.path("run")
+        os.makedirs(root)
+        for e, s in ((0, 100), (1, 200)):
+            pf.lightning_checkpoint(root, e, s)
+        self.write_policy(root, "[compress]\nolder_than_newest = 1\nlevel = \"max\"\n")
+        original = pf.tree(root)["epoch=0-step=100.ckpt"]
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        self.assertEqual(self.entries(root, r"^epoch"), ["epoch=0-step=100.ckpt.ckz",
+                                                       "epoch=1-step=200.ckpt"])
+        out = subprocess.run([CKPTOOL, "decompress", os.path.join(root, "epoch=0-step=100.ckpt.ckz"),
+                              "-c"], capture_output=True, check=True).stdout
+        self.assertEqual(out, original)
+        self.assertSecondRunDoesNothing(root)
+
+
+class CompressKillTest(KillTestBase, PolicyTestCase):
+    """Killed anywhere in a pass that compresses: the checkpoint is always there under one of
+    its names, and the resumed run ends as an uninterrupted one (archives compared by what
+    they restore)."""
+    moments = (0.3, 0.6, 0.9)
+
+    def build(self, root):
+        for s in (100, 200, 300, 400):
+            pf.hf_checkpoint(root, s, best=400)
+        self.write_policy(root, HF_COMPRESS_POLICY)
+
+    def tree(self, root):
+        return unpacked_tree(self, root)
 
 
 class LightningTest(PolicyTestCase):
@@ -520,19 +679,19 @@ class PolicyFileTest(PolicyTestCase):
         p = run("apply", root, expect=1)
         self.assertIn("no policy: put a ckptool.toml there or give --policy FILE", p.stderr)
 
-    def test_compress_step_is_validated_and_refused_by_this_build(self):
+    def test_compress_step_is_validated(self):
         root = self.path("run")
         pf.hf_checkpoint(root, 100)
-        self.write_policy(root, "[compress]\nolder_than_newest = 2\nlevel = \"max\"\n")
-        p = run("apply", "--check", root, expect=1)
-        self.assertIn("compress:", p.stdout)
-        self.assertIn("ckptool: error: compress step: not run by apply/watch yet (run ckptool compress on the checkpoint)", p.stderr)
-        p = run("apply", root, "--settle", "0", expect=1)
-        self.assertEqual(p.stderr.strip(), "ckptool: error: compress step: not run by apply/watch yet (run ckptool compress on the checkpoint)")
+        self.write_policy(root, "[compress]\nolder_than_newest = 2\nlevel = \"max\"\n"
+                                "keep_original = true\n")
+        doc = json.loads(run("apply", "--check", root, "--json").stdout)
+        self.assertEqual(doc["steps"], [{"step": "compress", "options": {
+            "level": "max", "keep_original": True, "older_than_newest": 2}}])
         self.assertFalse(os.path.exists(os.path.join(root, ".ckptool")))
-        self.write_policy(root, "[compress]\nlevel = \"fastest\"\n")
+        self.write_policy(root, "[compress]\nlevel = \"fastest\"\nkeep_original = 1\n")
         p = run("apply", "--check", root, expect=1)
         self.assertIn(':2:9: compress.level: must be one of "fast", "max" (got "fastest")', p.stderr)
+        self.assertIn(":3:17: compress.keep_original: must be true or false", p.stderr)
 
     def test_one_run_at_a_time(self):
         root = self.path("run")

@@ -67,7 +67,7 @@ std::vector<int64_t> Ints(const Graph& g, NodeId n, std::string_view what) {
 torch::DType DTypeOf(const Graph& g, NodeId properties, const std::string& fqn) {
   NodeId dtype = Field(g, properties, "dtype");
   if (dtype == kNil && g.kind(properties) == Kind::kObject) {  // state (dtype, layout, ...)
-    const auto& states = g.compound(properties).states;
+    std::span<const NodeId> states = g.states(properties);
     if (!states.empty() && g.kind(states.back()) == Kind::kTuple && !g.items(states.back()).empty())
       dtype = g.items(states.back())[0];
   }
@@ -87,7 +87,7 @@ NodeId StateDict(const Graph& g, NodeId n) {
   if (n == kNil) return kNil;
   if (g.kind(n) == Kind::kDict) return n;
   if (g.kind(n) != Kind::kObject) return kNil;
-  const auto& states = g.compound(n).states;
+  std::span<const NodeId> states = g.states(n);
   for (size_t i = states.size(); i-- > 0;) {
     NodeId s = states[i];
     if (g.kind(s) == Kind::kDict) return s;

@@ -21,7 +21,6 @@ using pickle::Kind;
 using pickle::kNil;
 using pickle::NodeId;
 
-
 namespace {
 
 // ---- reading values out of a pickle graph ----
@@ -29,7 +28,7 @@ namespace {
 // A dict, or an object built with SETITEMS (OrderedDict): the value under a string key.
 NodeId Lookup(const Graph& g, NodeId node, std::string_view key) {
   if (node == kNil || !g.has_compound(node)) return kNil;
-  const std::vector<NodeId>& pairs = g.pairs(node);
+  std::span<const NodeId> pairs = g.pairs(node);
   for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
     if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == key) return pairs[i + 1];
   }
@@ -41,7 +40,7 @@ bool IsNone(const Graph& g, NodeId n) {
 }
 
 // A list or tuple (or an object built with APPENDS): its elements.
-const std::vector<NodeId>& Elements(const Graph& g, NodeId node, const std::string& what) {
+std::span<const NodeId> Elements(const Graph& g, NodeId node, const std::string& what) {
   if (node == kNil || !g.has_compound(node) ||
       !(g.kind(node) == Kind::kList || g.kind(node) == Kind::kTuple ||
         g.kind(node) == Kind::kObject)) {
@@ -58,7 +57,7 @@ std::vector<std::pair<std::string, NodeId>> Entries(const Graph& g, NodeId node,
     Fail("{} is not a dict", what);
   }
   std::vector<std::pair<std::string, NodeId>> out;
-  const std::vector<NodeId>& pairs = g.pairs(node);
+  std::span<const NodeId> pairs = g.pairs(node);
   for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
     if (g.kind(pairs[i]) != Kind::kStr) Fail("{} has a key that is not a string", what);
     out.emplace_back(std::string(g.text(pairs[i])), pairs[i + 1]);
@@ -315,7 +314,7 @@ void Consolidate(ZeroCheckpoint& z) {
     NodeId groups = Lookup(g, osd, groups_key);
     if (groups == kNil) Fail("{}: no optimizer_state_dict.{}", rf.file->path, groups_key);
     std::vector<Piece> ps;
-    const std::vector<NodeId>& elems = Elements(g, groups, rf.file->path + ": " + groups_key);
+    std::span<const NodeId> elems = Elements(g, groups, rf.file->path + ": " + groups_key);
     for (size_t i = 0; i < elems.size(); ++i) {
       std::string what = fmt::format("{}.{}", groups_key, i);
       RankFile::Data d = rf.TensorData(elems[i], what);

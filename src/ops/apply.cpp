@@ -505,10 +505,10 @@ StepOutcome RunCompress(const StepContext& c) {
   for (const auto& [name, f] : files) o.before += f.size;
   if (c.dry_run) {
     o.after = o.before;
-    o.message = fmt::format(
-        "would compress {} ({}) into {}{} (its size is known once it is compressed)",
-        c.e.folder ? "the folder" : "the file", HumanBytes(o.before), rel,
-        s.keep_original ? "" : ", replacing it once the archive is verified");
+    o.message =
+        fmt::format("would compress {} ({}) into {}{} (its size is known once it is compressed)",
+                    c.e.folder ? "the folder" : "the file", HumanBytes(o.before), rel,
+                    s.keep_original ? "" : ", replacing it once the archive is verified");
     return o;
   }
   CompressOptions co;
@@ -525,9 +525,10 @@ StepOutcome RunCompress(const StepContext& c) {
   } catch (const std::exception& ex) {
     std::error_code ec;
     fs::remove(out, ec);
-    Fail("{}: reading the new archive back failed ({}); it was removed, the checkpoint is "
-         "untouched",
-         rel, ex.what());
+    Fail(
+        "{}: reading the new archive back failed ({}); it was removed, the checkpoint is "
+        "untouched",
+        rel, ex.what());
   }
   std::string ratio =
       r.after ? fmt::format("{:.2f}x", static_cast<double>(r.before) / r.after) : "-";
@@ -579,7 +580,6 @@ bool Due(const Policy& p, Step step, uint64_t rank) {
 }
 
 }  // namespace
-
 
 uint64_t KillAtSave() {
   const char* v = std::getenv("CKPTOOL_TEST_KILL_AT_SAVE");
@@ -685,8 +685,7 @@ bool Applier::State::CompressFinished(const std::string& name, policy::Checkpoin
   moved.steps[StepName(Step::kCompress)] = done;
   ledger.checkpoints().insert(std::move(node));
   Log({"resume", archive, StepName(Step::kCompress),
-       fmt::format("{} was compressed into {} when the run was stopped: recorded", name,
-                   archive)});
+       fmt::format("{} was compressed into {} when the run was stopped: recorded", name, archive)});
   dirty = true;
   return true;
 }

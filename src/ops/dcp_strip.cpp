@@ -67,10 +67,11 @@ struct TempFolder {
 };
 
 void ReplaceInt(Graph& g, NodeId obj_state, std::string_view field, uint64_t value) {
-  pickle::Compound& c = g.mutable_compound(obj_state);
-  for (size_t i = 0; i + 1 < c.pairs.size(); i += 2) {
-    if (g.kind(c.pairs[i]) == Kind::kStr && g.text(c.pairs[i]) == field) {
-      c.pairs[i + 1] = g.AddInt(static_cast<int64_t>(value));
+  std::span<const NodeId> pairs = g.pairs(obj_state);
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == field) {
+      NodeId v = g.AddInt(static_cast<int64_t>(value));
+      g.mutable_pairs(obj_state)[i + 1] = v;
       return;
     }
   }
@@ -81,7 +82,7 @@ void ReplaceInt(Graph& g, NodeId obj_state, std::string_view field, uint64_t val
 template <typename Keep>
 void FilterDict(Graph& g, NodeId d, Keep keep) {
   if (d == pickle::kNil || g.kind(d) != Kind::kDict) return;
-  std::vector<NodeId>& pairs = g.mutable_compound(d).pairs;
+  std::span<const NodeId> pairs = g.pairs(d);
   std::vector<NodeId> kept;
   for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
     if (keep(pairs[i])) {
@@ -89,7 +90,7 @@ void FilterDict(Graph& g, NodeId d, Keep keep) {
       kept.push_back(pairs[i + 1]);
     }
   }
-  pairs = std::move(kept);
+  g.SetPairs(d, kept);
 }
 
 }  // namespace

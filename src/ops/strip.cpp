@@ -153,7 +153,7 @@ class Dropper final : private PathWalker::Client {
     }
     for (auto& [node, pair_indexes] : dropped_entries_) {
       std::sort(pair_indexes.begin(), pair_indexes.end());
-      auto& pairs = g_.mutable_compound(static_cast<NodeId>(node)).pairs;
+      std::span<const NodeId> pairs = g_.pairs(static_cast<NodeId>(node));
       std::vector<NodeId> kept;
       size_t next = 0;
       for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
@@ -164,7 +164,7 @@ class Dropper final : private PathWalker::Client {
         kept.push_back(pairs[i]);
         kept.push_back(pairs[i + 1]);
       }
-      pairs = std::move(kept);
+      g_.SetPairs(static_cast<NodeId>(node), kept);
     }
     return dropped;
   }

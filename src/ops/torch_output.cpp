@@ -84,7 +84,7 @@ std::string StateDictPickle(const std::vector<TensorSource>& tensors,
     pairs.push_back(g.AddText(Kind::kStr, alias));
     pairs.push_back(it->second);
   }
-  g.mutable_compound(root).pairs = std::move(pairs);
+  g.SetPairs(root, pairs);
   g.root = root;
   pickle::WriteOptions options;
   options.protocol = 2;

@@ -83,13 +83,13 @@ void TorchRewrite::RewriteGraph() {
     if (os.convert && m.storages[t.storage].dtype == torch::DType::kUntyped) {
       dtype = g.AddGlobal("torch", os.to == kernels::Half::kBFloat16 ? "bfloat16" : "float16");
     }
-    auto& items = g.mutable_compound(t.args).items;
-    items[0] = outputs_[plan_.tensor_storage[j]].persid;
-    items[1] = offset;
-    if (stride != pickle::kNil) items[3] = stride;
+    g.SetItem(t.args, 0, outputs_[plan_.tensor_storage[j]].persid);
+    g.SetItem(t.args, 1, offset);
+    if (stride != pickle::kNil) g.SetItem(t.args, 3, stride);
     if (dtype != pickle::kNil) {
-      if (items.size() < 7) Fail("internal: tensor '{}' has no dtype argument", t.names[0]);
-      items[6] = dtype;
+      if (g.items(t.args).size() < 7)
+        Fail("internal: tensor '{}' has no dtype argument", t.names[0]);
+      g.SetItem(t.args, 6, dtype);
     }
   }
   for (size_t k = 0; k < m.bare_refs.size(); ++k) {

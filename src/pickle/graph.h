@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,32 +44,85 @@ const char* KindName(Kind kind);
 // How a kObject node was made, so a writer can reproduce it.
 enum class Construct : uint8_t { kReduce, kNewObj, kNewObjEx, kInst };
 
-// Children and construction details of containers and objects.
-struct Compound {
-  std::vector<NodeId> items;   // tuple/list/set elements, or APPENDed items of an object
-  std::vector<NodeId> pairs;   // dict key,value,key,value... or SETITEMs of an object
-  std::vector<NodeId> states;  // BUILD arguments, in order
-  NodeId callable = kNil;      // kObject: what is called; kPersId: unused
-  NodeId args = kNil;          // kObject: argument tuple; kPersId: the persistent id
-  NodeId kwargs = kNil;        // NEWOBJ_EX keyword arguments
-  Construct construct = Construct::kReduce;
+// A run of node ids in the graph's id arena (Graph::ids): where it starts, how many ids it
+// holds and how many it has room for before it moves.
+struct IdList {
+  uint32_t pos = 0;
+  uint32_t size = 0;
+  uint32_t cap = 0;
 };
 
-// 32 bytes: a pickle of 10^5 tensors makes millions of nodes.
+// Children and construction details of lists, dicts, sets, objects and persistent ids
+// (tuples, the most numerous containers, keep their items in their Node and have none).
+// 52 bytes and no allocation of its own: a pickle of 10^5 tensors makes ~3 per tensor.
+struct Compound {
+  IdList items;            // list/set elements, or APPENDed items of an object
+  IdList pairs;            // dict key,value,key,value... or SETITEMs of an object
+  IdList states;           // BUILD arguments, in order
+  NodeId callable = kNil;  // kObject: what is called; kPersId: unused
+  NodeId args = kNil;      // kObject: argument tuple; kPersId: the persistent id
+  NodeId kwargs = kNil;    // NEWOBJ_EX keyword arguments
+  Construct construct = Construct::kReduce;
+};
+static_assert(sizeof(Compound) == 52);
+
+// Where lists of node ids live: blocks of 2^20 ids (4 MiB) filled one after another; a list
+// longer than 2^16 ids gets a block of its own. Positions are (block << 20) | offset. A list
+// that outgrows its room moves to a new run twice as large (the old run is left unused, as a
+// vector's old buffer would be freed: at most as much again as the lists hold).
+class IdArena {
+ public:
+  std::span<const NodeId> Get(const IdList& l) const {
+    return l.size ? std::span<const NodeId>(At(l.pos), l.size) : std::span<const NodeId>();
+  }
+  std::span<NodeId> GetMutable(const IdList& l) {
+    return l.size ? std::span<NodeId>(At(l.pos), l.size) : std::span<NodeId>();
+  }
+  // A new list holding `ids` exactly.
+  IdList Make(std::span<const NodeId> ids);
+  // Replaces the list's contents (in place when there is room).
+  void Assign(IdList& l, std::span<const NodeId> ids);
+  void Push(IdList& l, NodeId id);
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr uint32_t kBlockBits = 20;
+  static constexpr uint32_t kBlockIds = 1u << kBlockBits;
+  static constexpr uint32_t kOwnBlock = 1u << 16;
+  NodeId* At(uint32_t pos) const {
+    return const_cast<NodeId*>(blocks_[pos >> kBlockBits].data()) + (pos & (kBlockIds - 1));
+  }
+  uint32_t Allocate(uint32_t cap);
+
+  std::vector<std::vector<NodeId>> blocks_;
+  uint32_t shared_ = UINT32_MAX;  // the block small lists are cut from
+  uint64_t bytes_ = 0;
+};
+
+// Kinds whose children and construction details live in a Compound (tuples keep their items
+// in the Node itself).
+constexpr bool HasCompoundRecord(Kind k) {
+  return k == Kind::kList || k == Kind::kDict || k == Kind::kSet || k == Kind::kFrozenSet ||
+         k == Kind::kObject || k == Kind::kPersId;
+}
+
+// 24 bytes: a pickle of 10^5 tensors makes millions of nodes.
 struct Node {
   union {
     int64_t integer = 0;  // kInt
     double real;          // kFloat
   };
-  uint32_t text_offset = 0;  // into Graph::strings
-  uint32_t text_size = 0;
-  uint32_t compound = UINT32_MAX;
+  // kStr/kBytes/kBigInt/kGlobal: into Graph::strings; kTuple: IdList position of its items;
+  // kinds with a Compound (HasCompoundRecord): its index in Graph::compounds.
+  uint32_t text_offset = 0;
+  uint32_t text_size = 0;  // kTuple: number of items
+  // Offset of the opcode that created the node (for messages; saturates at 4 GiB - 1).
+  uint32_t stream_offset = 0;
   uint16_t name_size = 0;  // kGlobal: name follows the module text (kMaxGlobalName at most)
   Kind kind = Kind::kNone;
   bool boolean = false;
-  uint64_t stream_offset = 0;  // opcode offset that created the node (for messages)
 };
-static_assert(sizeof(Node) == 32);
+static_assert(sizeof(Node) == 24);
 
 // The longest attribute name a global may have (Python's own are far shorter).
 inline constexpr size_t kMaxGlobalName = UINT16_MAX;
@@ -80,6 +135,7 @@ class Graph {
   // would need the old and the new array at once, and up to twice the room it uses).
   std::deque<Node> nodes;
   std::deque<Compound> compounds;
+  IdArena ids;
   std::string strings;
 
   const Node& at(NodeId id) const { return nodes[id]; }
@@ -97,10 +153,23 @@ class Graph {
   std::string GlobalText(NodeId id) const {
     return std::string(global_module(id)) + "." + std::string(global_name(id));
   }
-  bool has_compound(NodeId id) const { return nodes[id].compound != UINT32_MAX; }
-  const Compound& compound(NodeId id) const { return compounds[nodes[id].compound]; }
-  const std::vector<NodeId>& items(NodeId id) const { return compound(id).items; }
-  const std::vector<NodeId>& pairs(NodeId id) const { return compound(id).pairs; }
+  // Does the node have children (a tuple, list, dict, set, object or persistent id)?
+  bool has_compound(NodeId id) const {
+    return HasCompoundRecord(nodes[id].kind) || nodes[id].kind == Kind::kTuple;
+  }
+  // Construction details (callable, args, kwargs); an empty Compound for a tuple or scalar.
+  const Compound& compound(NodeId id) const {
+    const Node& n = nodes[id];
+    return HasCompoundRecord(n.kind) ? compounds[n.text_offset] : kEmpty;
+  }
+  std::span<const NodeId> items(NodeId id) const {
+    const Node& n = nodes[id];
+    if (n.kind == Kind::kTuple) return ids.Get(TupleList(n));
+    return HasCompoundRecord(n.kind) ? ids.Get(compounds[n.text_offset].items)
+                                     : std::span<const NodeId>();
+  }
+  std::span<const NodeId> pairs(NodeId id) const { return ids.Get(compound(id).pairs); }
+  std::span<const NodeId> states(NodeId id) const { return ids.Get(compound(id).states); }
 
   // kObject whose callable is the global module.name?
   bool IsCallOf(NodeId id, std::string_view module, std::string_view name) const;
@@ -123,11 +192,29 @@ class Graph {
   NodeId AddBool(bool value, uint64_t stream_offset = 0);
   NodeId AddFloat(double value, uint64_t stream_offset = 0);
   NodeId AddGlobal(std::string_view module, std::string_view name, uint64_t stream_offset = 0);
-  NodeId AddTuple(std::vector<NodeId> items, uint64_t stream_offset = 0);
+  NodeId AddTuple(std::span<const NodeId> items, uint64_t stream_offset = 0);
+  NodeId AddTuple(std::initializer_list<NodeId> items) {
+    return AddTuple(std::span<const NodeId>(items.begin(), items.size()));
+  }
   NodeId AddPersId(NodeId pid, uint64_t stream_offset = 0);
-  Compound& mutable_compound(NodeId id) { return compounds[nodes[id].compound]; }
+  // Not for tuples (they have no Compound).
+  Compound& mutable_compound(NodeId id);
+  // Pairs of a dict (or SETITEMs of an object), to replace values in place.
+  std::span<NodeId> mutable_pairs(NodeId id) { return ids.GetMutable(mutable_compound(id).pairs); }
+  // Item i of a node's items (a tuple's too), replaced in place.
+  void SetItem(NodeId id, size_t i, NodeId value);
+  void SetItems(NodeId id, std::span<const NodeId> items);
+  void SetPairs(NodeId id, std::span<const NodeId> pairs);
+  void SetStates(NodeId id, std::span<const NodeId> states);
+  void AppendItem(NodeId id, NodeId value);
+  void AppendPair(NodeId id, NodeId key, NodeId value);
+  void AppendState(NodeId id, NodeId state);
   // Replaces the text of a kStr/kBytes node.
   void SetText(NodeId id, std::string_view text);
+
+ private:
+  static IdList TupleList(const Node& n) { return IdList{n.text_offset, n.text_size, n.text_size}; }
+  static const Compound kEmpty;
 };
 
 }  // namespace ckpt::pickle

@@ -38,14 +38,17 @@ class Comparer {
       if (!a_.has_compound(p)) continue;
       const Compound& c = a_.compound(p);
       const Compound& d = b_.compound(q);
-      if (c.items.size() != d.items.size() || c.pairs.size() != d.pairs.size() ||
-          c.states.size() != d.states.size() || c.construct != d.construct) {
+      std::span<const NodeId> ci = a_.items(p), di = b_.items(q);
+      std::span<const NodeId> cp = a_.pairs(p), dp = b_.pairs(q);
+      std::span<const NodeId> cs = a_.states(p), ds = b_.states(q);
+      if (ci.size() != di.size() || cp.size() != dp.size() || cs.size() != ds.size() ||
+          c.construct != d.construct) {
         return fmt::format("{} differs in size (pickle offset {})", KindName(a_.kind(p)),
                            a_.at(p).stream_offset);
       }
-      for (size_t i = 0; i < c.items.size(); ++i) work.emplace_back(c.items[i], d.items[i]);
-      for (size_t i = 0; i < c.pairs.size(); ++i) work.emplace_back(c.pairs[i], d.pairs[i]);
-      for (size_t i = 0; i < c.states.size(); ++i) work.emplace_back(c.states[i], d.states[i]);
+      for (size_t i = 0; i < ci.size(); ++i) work.emplace_back(ci[i], di[i]);
+      for (size_t i = 0; i < cp.size(); ++i) work.emplace_back(cp[i], dp[i]);
+      for (size_t i = 0; i < cs.size(); ++i) work.emplace_back(cs[i], ds[i]);
       work.emplace_back(c.callable, d.callable);
       work.emplace_back(c.args, d.args);
       work.emplace_back(c.kwargs, d.kwargs);
@@ -79,7 +82,8 @@ class Comparer {
       case Kind::kByteArray:
         if (a_.text(p) != b_.text(q)) return fmt::format("{} differs", KindName(x.kind));
         break;
-      default: break;
+      default:
+        break;
     }
     return "";
   }

@@ -63,16 +63,16 @@ class Parser {
     return Track(g_.AddGlobal(module, name, op_offset_));
   }
   // A container made from `children`; its depth is one more than its deepest child.
-  NodeId NewSequence(Kind kind, std::vector<NodeId> children) {
-    NodeId id = NewCompound(kind);
+  NodeId NewSequence(Kind kind, const std::vector<NodeId>& children) {
+    if (kind == Kind::kDict && children.size() % 2) Error("DICT with an odd number of items");
+    NodeId id = kind == Kind::kTuple ? Track(g_.AddTuple(children, op_offset_)) : NewCompound(kind);
     uint32_t depth = 0;
     for (NodeId ch : children) depth = std::max<uint32_t>(depth, depth_[ch]);
     SetDepth(id, depth + 1);
     if (kind == Kind::kDict) {
-      if (children.size() % 2) Error("DICT with an odd number of items");
-      C(id).pairs = std::move(children);
-    } else {
-      C(id).items = std::move(children);
+      g_.SetPairs(id, children);
+    } else if (kind != Kind::kTuple) {
+      g_.SetItems(id, children);
     }
     return id;
   }
@@ -204,9 +204,12 @@ class Parser {
     Kind k = g_.kind(target);
     if (k == Kind::kGlobal) Error(fmt::format("{} on {}", opname, Tampering(target)));
     if (k != container && k != Kind::kObject) Error(fmt::format("{} on a {}", opname, KindName(k)));
-    auto& dst = pairs ? C(target).pairs : C(target).items;
     for (NodeId v : values) {
-      dst.push_back(v);
+      if (pairs) {
+        g_.ids.Push(C(target).pairs, v);
+      } else {
+        g_.AppendItem(target, v);
+      }
       Grow(target, v);
     }
   }
@@ -453,7 +456,7 @@ void Parser::Step(uint8_t code) {
       if (g_.kind(target) != Kind::kObject) {
         Error(fmt::format("BUILD on a {}", KindName(g_.kind(target))));
       }
-      C(target).states.push_back(state);
+      g_.AppendState(target, state);
       Grow(target, state);
       return;
     }

@@ -57,14 +57,14 @@ void PathWalker::Child(NodeId n, std::string_view key) {
 }
 
 void PathWalker::Entries(NodeId n) {
-  const std::vector<NodeId>& pairs = g_.pairs(n);
+  std::span<const NodeId> pairs = g_.pairs(n);
   for (size_t i = 0; i + 1 < pairs.size() && !stopped_; i += 2) {
     Child(pairs[i + 1], g_.KeyText(pairs[i]));
   }
 }
 
 void PathWalker::Entries(NodeId n, const Judge& judge) {
-  const std::vector<NodeId>& pairs = g_.pairs(n);
+  std::span<const NodeId> pairs = g_.pairs(n);
   std::vector<bool> walk(pairs.size() / 2, false);
   for (size_t i = 0; i + 1 < pairs.size() && !stopped_; i += 2) {
     budget_.Step();
@@ -77,12 +77,12 @@ void PathWalker::Entries(NodeId n, const Judge& judge) {
 }
 
 void PathWalker::Items(NodeId n) {
-  const std::vector<NodeId>& items = g_.items(n);
+  std::span<const NodeId> items = g_.items(n);
   for (size_t i = 0; i < items.size() && !stopped_; ++i) Child(items[i], std::to_string(i));
 }
 
 void PathWalker::Items(NodeId n, const Judge& judge) {
-  const std::vector<NodeId>& items = g_.items(n);
+  std::span<const NodeId> items = g_.items(n);
   std::vector<bool> walk(items.size(), false);
   for (size_t i = 0; i < items.size() && !stopped_; ++i) {
     budget_.Step();
@@ -96,7 +96,7 @@ void PathWalker::Items(NodeId n, const Judge& judge) {
 
 void PathWalker::States(NodeId n, StateParts parts) {
   if (g_.kind(n) != Kind::kObject) return;
-  for (NodeId state : g_.compound(n).states) {
+  for (NodeId state : g_.states(n)) {
     if (stopped_) return;
     bool tuple = g_.kind(state) == Kind::kTuple;
     if (tuple && parts == StateParts::kAtObjectPath) {
@@ -119,7 +119,7 @@ void PathWalker::CallArguments(NodeId n) {
   if (g_.kind(n) != Kind::kObject) return;
   const Compound& c = g_.compound(n);
   if (c.args != kNil && g_.kind(c.args) == Kind::kTuple) {
-    const std::vector<NodeId>& args = g_.items(c.args);
+    std::span<const NodeId> args = g_.items(c.args);
     for (size_t i = 0; i < args.size() && !stopped_; ++i) Child(args[i], std::to_string(i));
   }
   if (c.kwargs != kNil) Walk(c.kwargs);

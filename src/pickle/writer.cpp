@@ -16,7 +16,8 @@ constexpr uint32_t kMaxDepth = 4096;
 
 class Writer {
  public:
-  Writer(Graph& g, const WriteOptions& o) : g_(g), o_(o), memo_(g.nodes.size(), kNil), refs_(g.nodes.size(), 0) {}
+  Writer(Graph& g, const WriteOptions& o)
+      : g_(g), o_(o), memo_(g.nodes.size(), kNil), refs_(g.nodes.size(), 0) {}
 
   std::string Run(NodeId root) {
     if (o_.protocol < 2 || o_.protocol > 5) Fail("cannot write pickle protocol {}", o_.protocol);
@@ -39,9 +40,9 @@ class Writer {
       stack.pop_back();
       if (n == kNil || refs_[n]++ > 0 || !g_.has_compound(n)) continue;
       const Compound& c = g_.compound(n);
-      for (NodeId x : c.items) stack.push_back(x);
-      for (NodeId x : c.pairs) stack.push_back(x);
-      for (NodeId x : c.states) stack.push_back(x);
+      for (NodeId x : g_.items(n)) stack.push_back(x);
+      for (NodeId x : g_.pairs(n)) stack.push_back(x);
+      for (NodeId x : g_.states(n)) stack.push_back(x);
       for (NodeId x : {c.callable, c.args, c.kwargs}) {
         if (x != kNil) stack.push_back(x);
       }
@@ -92,7 +93,8 @@ class Writer {
       uint64_t u = static_cast<uint64_t>(v);
       for (int i = 0; i < 8; ++i) le.push_back(static_cast<char>((u >> (8 * i)) & 0xFF));
       while (le.size() > 1) {
-        uint8_t last = static_cast<uint8_t>(le.back()), prev = static_cast<uint8_t>(le[le.size() - 2]);
+        uint8_t last = static_cast<uint8_t>(le.back()),
+                prev = static_cast<uint8_t>(le[le.size() - 2]);
         if ((last == 0 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) {
           le.pop_back();
         } else {
@@ -126,7 +128,7 @@ class Writer {
     out_.append(s);
   }
 
-  void Batched(const std::vector<NodeId>& v, size_t step, uint8_t one, uint8_t many, uint32_t depth) {
+  void Batched(std::span<const NodeId> v, size_t step, uint8_t one, uint8_t many, uint32_t depth) {
     for (size_t i = 0; i < v.size(); i += kBatch * step) {
       size_t n = std::min(kBatch * step, v.size() - i);
       if (n == step && one) {
@@ -141,16 +143,17 @@ class Writer {
   }
 
   void Fill(NodeId n, uint32_t depth) {
-    const Compound& c = g_.compound(n);
-    if (!c.items.empty()) {
+    std::span<const NodeId> items = g_.items(n);
+    std::span<const NodeId> pairs = g_.pairs(n);
+    if (!items.empty()) {
       if (g_.kind(n) == Kind::kSet) {
-        Batched(c.items, 1, 0, op::kAddItems, depth);
+        Batched(items, 1, 0, op::kAddItems, depth);
       } else {
-        Batched(c.items, 1, op::kAppend, op::kAppends, depth);
+        Batched(items, 1, op::kAppend, op::kAppends, depth);
       }
     }
-    if (!c.pairs.empty()) Batched(c.pairs, 2, op::kSetItem, op::kSetItems, depth);
-    for (NodeId s : c.states) {
+    if (!pairs.empty()) Batched(pairs, 2, op::kSetItem, op::kSetItems, depth);
+    for (NodeId s : g_.states(n)) {
       Save(s, depth);
       Op(op::kBuild);
     }
@@ -178,17 +181,27 @@ class Writer {
     if (++depth > kMaxDepth) Fail("object nested deeper than {} levels", kMaxDepth);
     const Node& node = g_.at(n);
     switch (node.kind) {
-      case Kind::kNone: Op(op::kNone); break;
-      case Kind::kBool: Op(node.boolean ? op::kNewTrue : op::kNewFalse); break;
-      case Kind::kInt: SaveInt(node.integer); break;
-      case Kind::kBigInt: SaveLong(g_.text(n)); break;
+      case Kind::kNone:
+        Op(op::kNone);
+        break;
+      case Kind::kBool:
+        Op(node.boolean ? op::kNewTrue : op::kNewFalse);
+        break;
+      case Kind::kInt:
+        SaveInt(node.integer);
+        break;
+      case Kind::kBigInt:
+        SaveLong(g_.text(n));
+        break;
       case Kind::kFloat: {
         Op(op::kBinFloat);  // big-endian IEEE double
         uint64_t bits = std::bit_cast<uint64_t>(node.real);
         for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
         break;
       }
-      case Kind::kStr: SaveSized(0, op::kBinUnicode, op::kBinUnicode8, g_.text(n)); break;
+      case Kind::kStr:
+        SaveSized(0, op::kBinUnicode, op::kBinUnicode8, g_.text(n));
+        break;
       case Kind::kBytes:
         if (o_.protocol < 3) Fail("bytes need pickle protocol 3 or later");
         SaveSized(op::kShortBinBytes, op::kBinBytes, op::kBinBytes8, g_.text(n));

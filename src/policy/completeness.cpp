@@ -220,8 +220,7 @@ bool Completeness::Complete(const std::string& path, std::string* why) {
   // A compressed checkpoint (NAME.ckz) has no framework marker: compress renamed it into place
   // once written, and LooksComplete reads its index.
   bool archive = !folder && !ArchivedCheckpointName(name).empty();
-  std::string missing =
-      archive ? "" : MarkerMissing(name, folder, StepFromName(name), &layout);
+  std::string missing = archive ? "" : MarkerMissing(name, folder, StepFromName(name), &layout);
   layouts_[name] = layout;
   std::vector<std::string> exclude;
   if (o_.outputs_inside) exclude = o_.outputs_inside(name);

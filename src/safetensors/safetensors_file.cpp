@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <unordered_set>
 
 #include "base/checked.h"
@@ -114,30 +115,98 @@ bool LooksLikeSafetensors(Bytes file) {
 
 namespace {
 
-// A SAX pass that finds the first top-level key given twice. (A parse callback could do it
-// in the same pass, but nlohmann's callback parser rescans the parent object at the end of
-// every child object: quadratic in the number of tensors.)
-struct DuplicateKeys : nlohmann::json_sax<nlohmann::json> {
-  std::unordered_set<std::string> seen;
-  std::string first;
-  int depth = 0;
+// One pass over the header: each top-level value is built as a small DOM of its own, handed
+// to `done` and dropped, so memory stays proportional to one entry, not to the header (a DOM
+// of 10^5 entries is ~100 MB). The first top-level key given twice is remembered. (nlohmann's
+// callback parser would rescan the parent object after every child: quadratic.)
+struct EntryStream : nlohmann::json_sax<nlohmann::json> {
+  using Done = std::function<void(const std::string& key, const nlohmann::json& value)>;
+  explicit EntryStream(Done d) : done(std::move(d)) {}
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return ++depth, true; }
-  bool end_object() override { return --depth, true; }
-  bool start_array(std::size_t) override { return ++depth, true; }
-  bool end_array() override { return --depth, true; }
-  bool key(string_t& k) override {
-    if (depth == 1 && first.empty() && !seen.insert(k).second) first = k;
+  Done done;
+  std::unordered_set<std::string> seen;
+  std::string duplicate;
+  bool top_is_object = false;
+  int depth = 0;
+  std::string key_at_top;
+  nlohmann::json value;                // the top-level value being built
+  std::vector<nlohmann::json*> open;   // containers of `value` being filled
+  std::vector<std::string> open_keys;  // per open object: its pending key
+  std::string error;
+
+  bool Put(nlohmann::json v) {
+    if (depth == 0 || !top_is_object) return true;  // the header is not an object
+    if (open.empty()) {                             // a scalar top-level value
+      done(key_at_top, v);
+      return true;
+    }
+    nlohmann::json* c = open.back();
+    if (c->is_array()) {
+      c->push_back(std::move(v));
+    } else {
+      (*c)[open_keys.back()] = std::move(v);
+    }
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+  bool Open(nlohmann::json v) {
+    if (depth == 0) {
+      ++depth;
+      top_is_object = v.is_object();
+      return true;
+    }
+    if (!top_is_object) return ++depth, true;
+    nlohmann::json* slot;
+    if (open.empty()) {
+      value = std::move(v);
+      slot = &value;
+    } else {
+      nlohmann::json* c = open.back();
+      if (c->is_array()) {
+        c->push_back(std::move(v));
+        slot = &c->back();
+      } else {
+        slot = &((*c)[open_keys.back()] = std::move(v));
+      }
+    }
+    open.push_back(slot);
+    open_keys.emplace_back();
+    ++depth;
+    return true;
+  }
+  bool Close() {
+    --depth;
+    if (depth == 0 || !top_is_object) return true;
+    open.pop_back();
+    open_keys.pop_back();
+    if (open.empty()) {
+      done(key_at_top, value);
+      value = nullptr;
+    }
+    return true;
+  }
+
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool b) override { return Put(b); }
+  bool number_integer(number_integer_t v) override { return Put(v); }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
+  bool string(string_t& v) override { return Put(std::move(v)); }
+  bool binary(binary_t& v) override { return Put(nlohmann::json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return Open(nlohmann::json::object()); }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(nlohmann::json::array()); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    if (depth == 1) {
+      if (duplicate.empty() && !seen.insert(k).second) duplicate = k;
+      key_at_top = k;
+    } else {
+      open_keys.back() = k;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
     return false;
   }
 };
@@ -159,34 +228,28 @@ File Parse(Bytes file) {
   f.data_offset = 8 + f.header_size;
   if (!ValidUtf8(text)) Fail("header is not valid UTF-8");
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
-    Fail("header is not valid JSON: {}", e.what());
-  }
-  // The DOM keeps one value per key; the stream is read again for the names it repeats.
-  DuplicateKeys duplicates;
-  nlohmann::json::sax_parse(text.begin(), text.end(), &duplicates);
-  if (!duplicates.first.empty())
-    Fail("tensor name '{}' appears twice in the header", duplicates.first);
-  if (!header.is_object()) Fail("header is not a JSON object");
-
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) Fail("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
+  EntryStream stream([&](const std::string& key, const nlohmann::json& v) {
+    if (key == "__metadata__") {
+      if (!v.is_object()) Fail("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m->is_string()) Fail("__metadata__ value for '{}' is not a string", m.key());
         f.metadata[m.key()] = m->get<std::string>();
       }
-      continue;
+      return;
     }
-    f.tensors.push_back(ReadEntry(it.key(), *it));
-  }
-  std::stable_sort(f.tensors.begin(), f.tensors.end(),
-                   [](const TensorEntry& a, const TensorEntry& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
+    f.tensors.push_back(ReadEntry(key, v));
+  });
+  if (!nlohmann::json::sax_parse(text.begin(), text.end(), &stream))
+    Fail("header is not valid JSON: {}", stream.error);
+  if (!stream.top_is_object) Fail("header is not a JSON object");
+  if (!stream.duplicate.empty())
+    Fail("tensor name '{}' appears twice in the header", stream.duplicate);
+  // File order; ties (empty tensors at one offset) by name.
+  std::sort(f.tensors.begin(), f.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.name < b.name;
+  });
   uint64_t expected = 0;
   for (const TensorEntry& t : f.tensors) {
     if (t.begin != expected) {

@@ -242,10 +242,14 @@ struct Uses {
     auto mark = [&](pickle::NodeId id) {
       if (id != pickle::kNil && id < elsewhere.size()) elsewhere[id] = 1;
     };
-    for (const pickle::Compound& c : g.compounds) {
-      for (pickle::NodeId id : c.items) mark(id);
-      for (pickle::NodeId id : c.pairs) mark(id);
-      for (pickle::NodeId id : c.states) mark(id);
+    // Every child of every node: tuples keep their items in the node, the others in a
+    // Compound.
+    for (pickle::NodeId n = 0; n < g.nodes.size(); ++n) {
+      if (!g.has_compound(n)) continue;
+      for (pickle::NodeId id : g.items(n)) mark(id);
+      for (pickle::NodeId id : g.pairs(n)) mark(id);
+      for (pickle::NodeId id : g.states(n)) mark(id);
+      const pickle::Compound& c = g.compound(n);
       mark(c.args);
       mark(c.kwargs);
       if (c.callable != pickle::kNil && c.callable < called.size()) called[c.callable] = 1;
@@ -263,7 +267,8 @@ struct AttributeRead {
 AttributeRead AsAttributeRead(const pickle::Graph& g, const Uses& uses, pickle::NodeId call) {
   const pickle::Compound& c = g.compound(call);
   if (c.construct != pickle::Construct::kReduce || c.kwargs != pickle::kNil || uses.called[call] ||
-      !c.items.empty() || !c.pairs.empty() || !c.states.empty() || g.ArgCount(call) != 2) {
+      !g.items(call).empty() || !g.pairs(call).empty() || !g.states(call).empty() ||
+      g.ArgCount(call) != 2) {
     return {};
   }
   pickle::NodeId target = g.Arg(call, 0), attr = g.Arg(call, 1);

@@ -36,13 +36,14 @@ bool SameNaNSign(uint16_t h, uint32_t x, uint16_t exp_mask) {
 
 std::vector<uint32_t> SpecialValues() {
   std::vector<uint32_t> v = {
-      0x00000000, 0x80000000, 0x7F800000, 0xFF800000,  // zeros, infinities
+      0x00000000, 0x80000000, 0x7F800000, 0xFF800000,                          // zeros, infinities
       0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FFFFFFF,  // NaNs
       0x7F7FFFFF, 0xFF7FFFFF, 0x00800000, 0x00000001, 0x807FFFFF,  // extremes, subnormals
-      0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001,  // bf16 ties and near-ties
+      0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001,              // bf16 ties and near-ties
       0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x47800000, 0xC77FF000,  // fp16 max/overflow
       0x38800000, 0x387FE000, 0x387FF000, 0x33000000, 0x33000001, 0x337FFFFF, 0x32FFFFFF,
-      0x33800000, 0x33C00000, 0x34000000, 0x3A800800, 0x3A801000, 0x3A801800,  // fp16 subnormal ties
+      0x33800000, 0x33C00000, 0x34000000, 0x3A800800, 0x3A801000, 0x3A801800,  // fp16 subnormal
+                                                                               // ties
       0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF,  // bf16 rounding to infinity
   };
   return v;
@@ -108,7 +109,8 @@ TEST(FloatConvert, EveryKernelAgreesWithScalar) {
         std::memcpy(&w, want.data() + 2 * i, 2);
         uint16_t exp = to == Half::kBFloat16 ? 0x7F80 : 0x7C00;
         if (std::isnan(std::bit_cast<float>(values[i]))) {
-          EXPECT_TRUE(SameNaNSign(g, values[i], exp)) << KernelName(k) << " " << std::hex << values[i];
+          EXPECT_TRUE(SameNaNSign(g, values[i], exp))
+              << KernelName(k) << " " << std::hex << values[i];
         } else {
           ASSERT_EQ(g, w) << KernelName(k) << " " << std::hex << values[i];
         }

@@ -196,8 +196,12 @@ std::string S(const std::string& text) {
 }
 
 // BINPUT 0 and BINGET 0.
-std::string Put0() { return std::string("q\0", 2); }
-std::string Get0() { return std::string("h\0", 2); }
+std::string Put0() {
+  return std::string("q\0", 2);
+}
+std::string Get0() {
+  return std::string("h\0", 2);
+}
 
 // Python 3.11's Enum members (protocol 2, as torch.save writes them): getattr memoised in
 // slot 0, the class in slot 1, and a second member through BINGET.
@@ -230,7 +234,8 @@ TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
     std::vector<std::string> findings;
   };
   std::vector<Case> cases = {
-      {"a denied module's function", p2 + g + "cos\npath\n" + S("join") + "\x86R.",
+      {"a denied module's function",
+       p2 + g + "cos\npath\n" + S("join") + "\x86R.",
        {"imports os.path", "reads os.path.join (getattr)"}},
       {"a module global reaching a denied name",
        p2 + g + "ctorch\nserialization\n" + S("load") + "\x86R.",
@@ -238,34 +243,45 @@ TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
       {"a module's attribute that is a denied module",
        p2 + g + "ctorch\n_utils_internal\n" + S("os") + "\x86R.",
        {"reads torch._utils_internal.os (getattr)"}},
-      {"a dunder attribute", p2 + g + "cpkg\nC\n" + S("__init__") + "\x86R.",
+      {"a dunder attribute",
+       p2 + g + "cpkg\nC\n" + S("__init__") + "\x86R.",
        {"reads pkg.C.__init__ (getattr)"}},
-      {"a private attribute", p2 + g + "cpkg\nC\n" + S("__priv") + "\x86R.",
+      {"a private attribute",
+       p2 + g + "cpkg\nC\n" + S("__priv") + "\x86R.",
        {"reads pkg.C.__priv (getattr)"}},
-      {"a computed name", p2 + g + "cpkg\nC\n" + "cpkg\nname\n)R\x86R.",
+      {"a computed name",
+       p2 + g + "cpkg\nC\n" + "cpkg\nname\n)R\x86R.",
        {"imports builtins.getattr"}},
-      {"a computed target", p2 + g + "cpkg\nmake\n)R" + S("attr") + "\x86R.",
+      {"a computed target",
+       p2 + g + "cpkg\nmake\n)R" + S("attr") + "\x86R.",
        {"imports builtins.getattr"}},
-      {"the result called", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R)R.",
+      {"the result called",
+       p2 + g + "cpkg\nC\n" + S("attr") + "\x86R)R.",
        {"imports builtins.getattr", "calls what builtins.getattr returned"}},
-      {"three arguments", p2 + g + "cpkg\nC\n" + S("attr") + "N\x87R.",
+      {"three arguments",
+       p2 + g + "cpkg\nC\n" + S("attr") + "N\x87R.",
        {"imports builtins.getattr"}},
-      {"nested getattr", p2 + g + Put0() + Get0() + "cpkg\nC\n" + S("attr") + "\x86R" + S("more") + "\x86R.",
+      {"nested getattr",
+       p2 + g + Put0() + Get0() + "cpkg\nC\n" + S("attr") + "\x86R" + S("more") + "\x86R.",
        {"imports builtins.getattr"}},
       {"getattr stored in a list", p2 + "]" + g + "a.", {"imports builtins.getattr"}},
       {"getattr returned", p2 + g + ".", {"imports builtins.getattr"}},
-      {"BUILD on the result", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R}b.",
+      {"BUILD on the result",
+       p2 + g + "cpkg\nC\n" + S("attr") + "\x86R}b.",
        {"imports builtins.getattr"}},
-      {"SETITEM on the result", p2 + g + "cpkg\nC\n" + S("attr") + "\x86R" + S("k") + "Ns.",
+      {"SETITEM on the result",
+       p2 + g + "cpkg\nC\n" + S("attr") + "\x86R" + S("k") + "Ns.",
        {"imports builtins.getattr"}},
       {"the memo reused on a dunder after a member",
        p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cpkg\nC\n" +
            S("__class__") + "\x86Rl.",
        {"reads pkg.C.__class__ (getattr)"}},
       {"the memo reused on a denied target after a member",
-       p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cposix\nsystem\n" + S("attr") + "\x86Rl.",
+       p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cposix\nsystem\n" +
+           S("attr") + "\x86Rl.",
        {"imports posix.system", "reads posix.system.attr (getattr)"}},
-      {"NEWOBJ instead of REDUCE", p2 + g + "cpkg\nC\n" + S("attr") + "\x86\x81.",
+      {"NEWOBJ instead of REDUCE",
+       p2 + g + "cpkg\nC\n" + S("attr") + "\x86\x81.",
        {"imports builtins.getattr"}},
   };
   for (const Case& c : cases) EXPECT_EQ(Findings(c.pickle), c.findings) << c.what;
@@ -274,8 +290,12 @@ TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
 TEST(GlobalPolicy, ReportsSpellBuiltinsThePython3Way) {
   EXPECT_EQ(DisplayGlobal("__builtin__", "getattr"), "builtins.getattr");
   EXPECT_EQ(DisplayGlobal("__builtin__", "reduce"), "functools.reduce");
-  EXPECT_EQ(Findings("\x80\x02" "c__builtin__\neval\n."), std::vector<std::string>{"imports builtins.eval"});
-  PickleScan scan = ScanPickle(pickle::Parse(test::B("\x80\x02" "c__builtin__\nset\n.")).graph);
+  EXPECT_EQ(Findings("\x80\x02"
+                     "c__builtin__\neval\n."),
+            std::vector<std::string>{"imports builtins.eval"});
+  PickleScan scan = ScanPickle(pickle::Parse(test::B("\x80\x02"
+                                                     "c__builtin__\nset\n."))
+                                   .graph);
   ASSERT_EQ(scan.names.size(), 1u);
   EXPECT_EQ(scan.names[0].name, "builtins.set");
   EXPECT_EQ(scan.names[0].raw, "__builtin__.set");

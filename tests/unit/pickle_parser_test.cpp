@@ -137,11 +137,11 @@ TEST(PickleParser, DictsSetsAndObjectsWithState) {
                       .bytes();
   Graph g = ParseBytes(s);
   ASSERT_EQ(g.kind(g.root), Kind::kObject);
-  const Compound& c = g.compound(g.root);
-  EXPECT_EQ(c.pairs.size(), 4u);
-  ASSERT_EQ(c.states.size(), 1u);
-  EXPECT_EQ(g.kind(c.states[0]), Kind::kDict);
-  NodeId set = g.pairs(c.states[0])[1];
+
+  EXPECT_EQ(g.pairs(g.root).size(), 4u);
+  ASSERT_EQ(g.states(g.root).size(), 1u);
+  EXPECT_EQ(g.kind(g.states(g.root)[0]), Kind::kDict);
+  NodeId set = g.pairs(g.states(g.root)[0])[1];
   EXPECT_EQ(g.kind(set), Kind::kSet);
   EXPECT_EQ(g.items(set).size(), 1u);
 }

@@ -32,15 +32,33 @@ void ExpectRoundTrip(const std::string& stream) {
 }
 
 TEST(PickleWriter, RoundTripsScalarsAndContainers) {
-  ExpectRoundTrip("(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN" "t.");
+  ExpectRoundTrip(
+      "(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN"
+      "t.");
   ExpectRoundTrip(std::string("\x80\x02\x8a\x0a\x00\x00\x00\x00\x00\x00\x00\x00\x40\x00.", 15));
-  ExpectRoundTrip(P().proto(4).global("collections", "OrderedDict").op(')').op('R')
-                      .mark().str("a").bin_int(1).str("b").bin_int(-70000).op('u')
-                      .op('}').str("_metadata").op(0x8f).mark().bin_int(3).op(0x90).op('s').op('b')
-                      .stop().bytes());
+  ExpectRoundTrip(P().proto(4)
+                      .global("collections", "OrderedDict")
+                      .op(')')
+                      .op('R')
+                      .mark()
+                      .str("a")
+                      .bin_int(1)
+                      .str("b")
+                      .bin_int(-70000)
+                      .op('u')
+                      .op('}')
+                      .str("_metadata")
+                      .op(0x8f)
+                      .mark()
+                      .bin_int(3)
+                      .op(0x90)
+                      .op('s')
+                      .op('b')
+                      .stop()
+                      .bytes());
   // Big ints of every size class.
   for (int64_t v : std::vector<int64_t>{0, 255, 256, 65535, 65536, -1, 2147483647, 2147483648,
-                                          -2147483649, INT64_MAX, INT64_MIN}) {
+                                        -2147483649, INT64_MAX, INT64_MIN}) {
     Graph g;
     g.root = g.AddInt(v);
     Graph back = Parse(B(Write(g, g.root))).graph;
@@ -52,7 +70,8 @@ TEST(PickleWriter, KeepsSharingAndCycles) {
   // l = []; l.append(l); (l, l)
   ExpectRoundTrip(P().proto(2).op(']').put(0).get(0).op('a').get(0).op(0x86).stop().bytes());
   // t = (l,); l.append(t): a cycle through a tuple.
-  ExpectRoundTrip(P().proto(2).op(']').put(0).get(0).op(0x85).put(1).op('a').op('0').get(1).stop().bytes());
+  ExpectRoundTrip(
+      P().proto(2).op(']').put(0).get(0).op(0x85).put(1).op('a').op('0').get(1).stop().bytes());
 }
 
 TEST(PickleWriter, RoundTripsRealTorchPickles) {

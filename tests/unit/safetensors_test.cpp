@@ -43,13 +43,28 @@ TEST(Safetensors, CommittedFixtureParses) {
 TEST(Safetensors, RejectsBrokenHeaders) {
   std::string data(8, '\0');
   auto one = [&](const std::string& entry) { return Make("{" + entry + "}", data); };
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]})")).find("unknown dtype"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]})")).find("needs"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]})")).find("shape"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})")).find("hole"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})")).find("after the header"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})")).find("twice"), std::string::npos);
-  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]})")).find("overlap"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf(one(R"("a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]})")).find("unknown dtype"),
+      std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]})")).find("needs"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]})")).find("shape"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})")).find("hole"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})"))
+                .find("after the header"),
+            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(
+          one(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"))
+          .find("twice"),
+      std::string::npos);
+  EXPECT_NE(
+      ErrorOf(
+          one(R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]})"))
+          .find("overlap"),
+      std::string::npos);
   EXPECT_NE(ErrorOf(one(R"("__metadata__":{"k":1})")).find("__metadata__"), std::string::npos);
   EXPECT_NE(ErrorOf(Make("[1,2]", "")).find("not a JSON object"), std::string::npos);
   EXPECT_NE(ErrorOf(Make("{\"a\":", "")).find("JSON"), std::string::npos);

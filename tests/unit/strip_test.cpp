@@ -381,13 +381,13 @@ TEST_F(StripTest, CycleThroughABuildStateIsWalkedOnceAndSurvives) {
   EXPECT_EQ(Dropped(r), (Entries{{"optimizer", StorageBytes("s1")}}));
   EXPECT_EQ(TensorNames(out), (std::set<std::string>{"w"}));
   const Graph& g = out.torch->model.graph;
-  ASSERT_EQ(g.compound(g.root).states.size(), 1u);
-  EXPECT_EQ(Child(g, g.compound(g.root).states[0], "self"), g.root);  // still a cycle
+  ASSERT_EQ(g.states(g.root).size(), 1u);
+  EXPECT_EQ(Child(g, g.states(g.root)[0], "self"), g.root);  // still a cycle
   // The edge that closes the cycle can itself be dropped.
   r = Strip(in, {"self", "optimizer"}, {}, &out);
   EXPECT_EQ(Dropped(r), (Entries{{"self", 0}, {"optimizer", StorageBytes("s1")}}));
   const Graph& h = out.torch->model.graph;
-  EXPECT_EQ(Child(h, h.compound(h.root).states[0], "self"), pickle::kNil);
+  EXPECT_EQ(Child(h, h.states(h.root)[0], "self"), pickle::kNil);
   EXPECT_EQ(TensorNames(out), (std::set<std::string>{"w"}));
 }
 

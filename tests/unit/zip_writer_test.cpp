@@ -17,8 +17,8 @@ std::string Assemble(const ZipPlan& plan, const std::vector<std::string>& data) 
   std::vector<uint32_t> crcs;
   for (size_t i = 0; i < data.size(); ++i) {
     const PlacedRecord& r = plan.records()[i];
-    uint32_t crc = static_cast<uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(data[i].data()), static_cast<uInt>(data[i].size())));
+    uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(data[i].data()),
+                                               static_cast<uInt>(data[i].size())));
     crcs.push_back(crc);
     out.replace(r.header_offset, plan.LocalHeader(i).size(), plan.LocalHeader(i));
     out.replace(r.data_offset, data[i].size(), data[i]);
@@ -44,7 +44,8 @@ TEST(ZipWriter, MatchesTorchsOwnBytesForTheFixture) {
 }
 
 TEST(ZipWriter, DataIsAlignedAndReadable) {
-  std::vector<RecordSpec> specs = {{"x/data.pkl", 5}, {"x/data/0", 100}, {"x/data/1", 0}, {"x/version", 2}};
+  std::vector<RecordSpec> specs = {
+      {"x/data.pkl", 5}, {"x/data/0", 100}, {"x/data/1", 0}, {"x/version", 2}};
   std::vector<std::string> data = {"hello", std::string(100, 'a'), "", "3\n"};
   for (uint64_t alignment : {1u, 64u, 4096u}) {
     ZipPlan plan = ZipPlan::Layout(specs, alignment);

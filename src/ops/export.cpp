@@ -13,12 +13,15 @@
 #include "base/error.h"
 #include "base/names.h"
 #include "base/perf.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
+#include "io/temp_files.h"
 #include "io/parallel_crc.h"
 #include "ops/checkpoint_file.h"
+#include "ops/compress.h"
 #include "ops/dcp_export.h"
 #include "ops/logical_export.h"
 #include "ops/piece_writer.h"
@@ -125,8 +128,63 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
 
 }  // namespace
 
+namespace {
+
+// A .ckz archive given to export is restored first, into a temp folder beside the output
+// (same file system; a ckptool temp name, so a run killed outright leaves nothing a later run
+// does not remove), every chunk checked as decompress checks it; the restored checkpoint is
+// exported as it would be, and the temp folder removed whatever happens.
+struct RestoredArchives {
+  std::string folder;
+  std::vector<std::string> sources;
+  ~RestoredArchives() {
+    std::error_code ec;
+    if (!folder.empty()) fs::remove_all(folder, ec);
+  }
+};
+
+bool AnyArchive(const std::vector<std::string>& sources) {
+  for (const std::string& s : sources) {
+    std::error_code ec;
+    if (fs::is_regular_file(s, ec) && ckz::IsArchiveFile(s)) return true;
+  }
+  return false;
+}
+
+void Restore(const std::vector<std::string>& sources, const std::string& to, unsigned threads,
+             RestoredArchives& r) {
+  fs::path out = fs::absolute(to).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "out/"
+  fs::path dir = out.parent_path();  // holds the output file or folder
+  fs::create_directories(dir);
+  RemoveStaleTempsIn(dir.string());
+  r.folder = TempPathFor((dir / "export").string());
+  fs::create_directory(r.folder);
+  for (const std::string& s : sources) {
+    std::error_code ec;
+    if (!fs::is_regular_file(s, ec) || !ckz::IsArchiveFile(s)) {
+      r.sources.push_back(s);
+      continue;
+    }
+    std::string name = DefaultRestoredName(s);
+    name = name.empty() ? "restored" : fs::path(name).filename().string();
+    DecompressOptions d;
+    d.threads = threads;
+    d.output = (fs::path(r.folder) / name).string();
+    WithContext(fmt::format("{}: restoring it for export", s), [&] { DecompressArchive(s, d); });
+    r.sources.push_back(d.output);
+  }
+}
+
+}  // namespace
+
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
+  if (AnyArchive(sources)) {
+    RestoredArchives restored;
+    Restore(sources, to, o.threads, restored);
+    return Export(restored.sources, to, o);
+  }
   if (sources.size() == 1 && deepspeed::LooksLikeZeroCheckpoint(sources[0]))
     return ExportZero(sources[0], to, o);
   if (sources.size() == 1 && dcp::LooksLikeDcpCheckpoint(sources[0]))

@@ -305,6 +305,58 @@ class CompressRoundTrip(CkptTestCase):
         self.assertIn("-o", err)
 
 
+class ExportFromArchive(CkptTestCase):
+    """`ckptool export X.ckz` restores the archive into a temp folder beside the output and
+    exports it: the same bytes as an export of the original; nothing left behind."""
+
+    def leftovers(self, folder):
+        return [n for n in os.listdir(folder) if "ckptool-tmp" in n]
+
+    def test_file_archive_exports_like_the_original(self):
+        src = self.path("model.pt")
+        sd = state_dict(1 << 16, torch.float32)
+        torch.save({"model": sd, "optimizer": {"step": 3}}, src)
+        run("compress", "-q", src)
+        run("export", src, "--to", self.path("ref"), "--dtype", "bf16")
+        p = run("export", src + ".ckz", "--to", self.path("out"), "--dtype", "bf16")
+        self.assertIn("from 'model'", p.stdout)
+        self.assertEqual(read_bytes(self.path("out/model.safetensors")),
+                         read_bytes(self.path("ref/model.safetensors")))
+        self.assertEqual(self.leftovers(self.tmp), [])
+        self.assertEqual(sorted(os.listdir(self.path("out"))), ["model.safetensors"])
+
+    def test_folder_archive_of_shards_exports_like_the_folder(self):
+        folder = self.path("checkpoint-500")
+        os.makedirs(folder)
+        sd = state_dict(1 << 15, torch.float32)
+        names = sorted(sd)
+        half = len(names) // 2
+        torch.save({k: sd[k] for k in names[:half]}, os.path.join(folder, "pytorch_model-00001-of-00002.bin"))
+        torch.save({k: sd[k] for k in names[half:]}, os.path.join(folder, "pytorch_model-00002-of-00002.bin"))
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            f.write("{}")
+        run("compress", "-q", folder)
+        run("export", folder, "--to", self.path("ref.safetensors"))
+        run("export", self.path("checkpoint-500.ckz"), "--to", self.path("out.safetensors"))
+        self.assertEqual(read_bytes(self.path("out.safetensors")), read_bytes(self.path("ref.safetensors")))
+        self.assertEqual(self.leftovers(self.tmp), [])
+
+    def test_a_damaged_archive_exports_nothing(self):
+        src = self.path("model.pt")
+        torch.save(state_dict(1 << 16, torch.float32), src)
+        run("compress", "-q", src)
+        data = bytearray(read_bytes(src + ".ckz"))
+        data[len(data) // 2] ^= 0x40
+        bad = self.path("bad.pt.ckz")
+        with open(bad, "wb") as f:
+            f.write(bytes(data))
+        p = run("export", bad, "--to", self.path("out"), expect=1)
+        self.assertIn("bad.pt.ckz", p.stderr)
+        self.assertIn("restoring it for export", p.stderr)
+        self.assertFalse(os.path.exists(self.path("out/model.safetensors")))
+        self.assertEqual(self.leftovers(self.tmp), [])
+
+
 class ChangedWhileCompressing(CkptTestCase):
     """Another process changes an input while compress reads it: no archive is written."""
 

@@ -18,8 +18,8 @@
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
-#include "io/temp_files.h"
 #include "io/parallel_crc.h"
+#include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
 #include "ops/compress.h"
 #include "ops/dcp_export.h"
@@ -155,7 +155,7 @@ void Restore(const std::vector<std::string>& sources, const std::string& to, uns
              RestoredArchives& r) {
   fs::path out = fs::absolute(to).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "out/"
-  fs::path dir = out.parent_path();  // holds the output file or folder
+  fs::path dir = out.parent_path();                  // holds the output file or folder
   fs::create_directories(dir);
   RemoveStaleTempsIn(dir.string());
   r.folder = TempPathFor((dir / "export").string());

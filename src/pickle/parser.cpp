@@ -148,13 +148,15 @@ class Parser {
     while (!s.empty() && (s.back() == 'L' || s.back() == ' ' || s.back() == '\r')) {
       s.remove_suffix(1);
     }
-    if (s.size() > 1 && s[0] == '+') s.remove_prefix(1);
     int64_t v = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (ec == std::errc() && p == s.data() + s.size()) return NewInt(v);
+    // One sign at most ("+5", "-5"; "++5" is no int, as for Python's int()).
     std::string le;
     if (!DecimalToTwosComplement(s, le))
       Error("bad integer '" + std::string(s.substr(0, 40)) + "'");
+    // A value that fits in 64 bits is an int whatever its spelling, as LONG1 gives it.
+    if (le.size() <= 8) return IntFromBytes(AsBytes(le));
     return NewText(Kind::kBigInt, le);
   }
   NodeId IntFromBytes(Bytes b) {

@@ -56,6 +56,14 @@ TEST(PickleParser, TextIntegersFollowCPython) {
   ASSERT_EQ(big.kind(big.root), Kind::kBigInt);
   EXPECT_EQ(TwosComplementToDecimal(big.text(big.root)), "99999999999999999999");
   EXPECT_THROW(ParseBytes("I12x\n."), Error);
+  // One sign at most, as Python's int(): "++1" is refused (it once parsed as a big int that
+  // the writer's LONG1 turned into an int: the fuzzer's round trip caught the kind change).
+  EXPECT_THROW(ParseBytes("I++1\n."), Error);
+  EXPECT_THROW(ParseBytes("L+-1L\n."), Error);
+  // A value that fits in 64 bits is an int however it is spelt.
+  Graph plus = ParseBytes("L+9223372036854775807\n.");
+  ASSERT_EQ(plus.kind(plus.root), Kind::kInt);
+  EXPECT_EQ(plus.at(plus.root).integer, INT64_MAX);
 }
 
 TEST(PickleParser, BigIntsStayExact) {

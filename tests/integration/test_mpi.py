@@ -292,6 +292,17 @@ class MpiTest(unittest.TestCase):
         self.assertSameRun(a, b, ["export", "ckpt_01.pt", "--to", "one.safetensors"], rc=0,
                            spread=False)
 
+    def test_mpirun_variables_set_by_hand_are_refused(self):
+        # MPI starts as a world of one: not the four ranks the variable promises.
+        d = self.copy("d")
+        before = tree_hashes(d)
+        p = subprocess.run([CKPTOOL, "shrink", "ckpt_00.pt"], cwd=d, capture_output=True,
+                           text=True, timeout=60,
+                           env=clean_env(OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_RANK="1"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("MPI connected a world of 1", p.stderr)
+        self.assertEqual(tree_hashes(d), before)
+
     def test_ranks_that_see_other_files_stop_before_writing(self):
         b = self.copy("b")
         before = tree_hashes(b)

@@ -43,6 +43,8 @@ struct RankTeam {
   std::unique_ptr<Spread> spread;
   ShardTeam team;
 
+  RankTeam(const RankTeam&) = delete;  // the callbacks hold `this`
+  RankTeam& operator=(const RankTeam&) = delete;
   RankTeam() {
     team.writes_index = cluster::IsRoot();
     team.plan = [this](const std::vector<std::string>& shard_names,

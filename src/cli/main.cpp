@@ -63,10 +63,6 @@ void RaiseOpenFileLimit() {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Commands that share their work between the ranks of an MPI job themselves; every other
 // command runs on rank 0 alone while the others wait for its exit code (prune decides what
 // to delete, apply and watch act on one folder's state, inspect prints one report).
@@ -85,8 +81,10 @@ int RunCommandLine(int argc, char** argv) {
       "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
       "safetensors) without executing them"};
   app.require_subcommand(1);
-  std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
-  app.set_version_flag("--version", std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi);
+  app.set_version_flag("--version", [] {
+    std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
+    return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
+  });
   bool perf = false;
   app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr (rank 0's under MPI)");
   struct Command {

@@ -89,31 +89,20 @@ int RunCompress(const CompressCliOptions& o) {
   Spread spread(o.paths, sizes);
   std::vector<CompressResult> results(o.paths.size());
   std::vector<std::string> errors(o.paths.size());
-  {
-    bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
-    Progress progress("compress", total, progress_on);
-    co.bytes_done = &progress.bytes_done();
-    for (size_t i : spread.mine()) {
-      try {
-        results[i] = CompressPath(o.paths[i], co);
-        progress.FileDone();
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-    }
-  }
-  spread.Gather(errors, results);
-  if (!spread.reports()) return 0;  // rank 0 reports for every rank
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
-  for (size_t i = 0; i < o.paths.size(); ++i) {
+  const bool live = !cluster::Distributed();
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
+  // Rank 0 reports each path, in input order: a single process as soon as it is done, an
+  // MPI job once every rank's results are in.
+  auto report = [&](size_t i) {
     const std::string& path = o.paths[i];
     if (!errors[i].empty()) {
       rc = 1;
       PrintError(NamingFile(path, errors[i]));
       if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
-      continue;
+      return;
     }
     const CompressResult& r = results[i];
     before += r.before;
@@ -131,6 +120,7 @@ int RunCompress(const CompressCliOptions& o) {
                               {"plain_zstd_chunks", r.whole_chunks},
                               {"removed", r.removed}});
     } else if (!o.quiet) {
+      if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,
           fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}", r.input, HumanBytes(r.before),
                       HumanBytes(r.after),
@@ -138,7 +128,23 @@ int RunCompress(const CompressCliOptions& o) {
                       Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
                       r.removed ? " (original removed)" : ""));
     }
+  };
+  {
+    Progress progress("compress", total, progress_on);
+    co.bytes_done = &progress.bytes_done();
+    for (size_t i : spread.mine()) {
+      try {
+        results[i] = CompressPath(o.paths[i], co);
+        progress.FileDone();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+      if (live) report(i);
+    }
   }
+  spread.Gather(errors, results);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
   if (o.json) {
     doc["before"] = before;
     doc["after"] = after;
@@ -174,7 +180,8 @@ int RunDecompress(const DecompressCliOptions& o) {
   for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
   Spread spread(o.paths, sizes);
   uint64_t total = 0;
-  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
+  const bool live = !cluster::Distributed();
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
   for (size_t i : spread.mine()) {
     if (!progress_on) break;
     try {
@@ -186,29 +193,17 @@ int RunDecompress(const DecompressCliOptions& o) {
   }
   std::vector<DecompressResult> results(o.paths.size());
   std::vector<std::string> errors(o.paths.size());
-  {
-    Progress progress("decompress", total, progress_on);
-    d.bytes_done = &progress.bytes_done();
-    for (size_t i : spread.mine()) {
-      try {
-        results[i] = DecompressArchive(o.paths[i], d);
-        progress.FileDone();
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-    }
-  }
-  spread.Gather(errors, results);
-  if (!spread.reports()) return 0;  // rank 0 reports for every rank
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (size_t i = 0; i < o.paths.size(); ++i) {
+  // Rank 0 reports each archive, in input order: a single process as soon as it is done, an
+  // MPI job once every rank's results are in.
+  auto report = [&](size_t i) {
     const std::string& path = o.paths[i];
     if (!errors[i].empty()) {
       rc = 1;
       PrintError(NamingFile(path, errors[i]));
       if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
-      continue;
+      return;
     }
     const DecompressResult& r = results[i];
     if (o.json) {
@@ -219,12 +214,29 @@ int RunDecompress(const DecompressCliOptions& o) {
                               {"files", r.files},
                               {"removed", r.removed}});
     } else if (!o.quiet) {
+      if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,
           fmt::format("{}: {} -> {}, {} files{}{}", r.input, HumanBytes(r.archive_bytes),
                       HumanBytes(r.restored_bytes), r.files, o.to_stdout ? "" : " " + r.output,
                       r.removed ? " (archive removed)" : ""));
     }
+  };
+  {
+    Progress progress("decompress", total, progress_on);
+    d.bytes_done = &progress.bytes_done();
+    for (size_t i : spread.mine()) {
+      try {
+        results[i] = DecompressArchive(o.paths[i], d);
+        progress.FileDone();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+      if (live) report(i);
+    }
   }
+  spread.Gather(errors, results);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
   if (o.json) {
     if (o.to_stdout) {
       std::fprintf(stderr, "%s\n", doc.dump(1).c_str());

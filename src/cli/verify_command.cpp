@@ -9,6 +9,7 @@
 #include "base/utf8.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
+#include "cluster/world.h"
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
@@ -128,36 +129,20 @@ int RunVerify(const VerifyCliOptions& o) {
   Spread spread(keys, bytes);
   std::vector<Found> found(items.size());
   std::vector<std::string> errors(items.size());
-  for (size_t i : spread.mine()) {
-    try {
-      found[i].outcome = Check(items[i], o.threads);
-    } catch (const Error& e) {
-      found[i].failed = e.what();
-    } catch (const std::filesystem::filesystem_error& e) {
-      // Reported as main() reports what escapes a command, and the run stops there.
-      found[i].failed = fmt::format("{}: {}", e.path1().string(), e.code().message());
-      found[i].internal = true;
-      break;
-    } catch (const std::exception& e) {
-      found[i].failed = std::string("internal error: ") + e.what();
-      found[i].internal = true;
-      break;
-    }
-  }
-  spread.Gather(errors, found);
-  if (!spread.reports()) return 0;  // rank 0 reports for every rank
   size_t bad = 0, problems = 0;
-  for (size_t i = 0; i < found.size(); ++i) {
+  // Rank 0 reports each checkpoint, in input order: a single process as soon as it is
+  // verified, an MPI job once every rank's results are in. False: the run stops there.
+  auto report = [&](size_t i) {
     const Found& f = found[i];
     if (f.internal) {
       PrintError(f.failed);
-      return 1;
+      return false;
     }
     if (!f.failed.empty()) {
       std::cout << Printable(f.failed) << "\n";
       ++bad;
       ++problems;
-      continue;
+      return true;
     }
     const VerifyOutcome& r = f.outcome;
     for (const auto& p : r.problems) {
@@ -172,6 +157,29 @@ int RunVerify(const VerifyCliOptions& o) {
     if (!o.quiet) {
       for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
     }
+    return true;
+  };
+  const bool live = !cluster::Distributed();
+  for (size_t i : spread.mine()) {
+    try {
+      found[i].outcome = Check(items[i], o.threads);
+    } catch (const Error& e) {
+      found[i].failed = e.what();
+    } catch (const std::filesystem::filesystem_error& e) {
+      // Reported as main() reports what escapes a command, and the run stops there.
+      found[i].failed = fmt::format("{}: {}", e.path1().string(), e.code().message());
+      found[i].internal = true;
+    } catch (const std::exception& e) {
+      found[i].failed = std::string("internal error: ") + e.what();
+      found[i].internal = true;
+    }
+    if (live && !report(i)) return 1;
+    if (found[i].internal) break;
+  }
+  spread.Gather(errors, found);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < found.size() && !live; ++i) {
+    if (!report(i)) return 1;
   }
   std::cout.flush();
   if (bad) {

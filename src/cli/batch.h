@@ -1,7 +1,13 @@
-// The loop every per-file command shares (shrink, convert, strip): files spread over worker
-// threads, the rest of the thread budget given to each file, one progress line, and one error
-// per failed file that always names the file, whatever was thrown. Results are reported
-// afterwards in input order, so output does not depend on scheduling.
+// The loop every per-file command shares (shrink, convert, strip; verify, compress and
+// decompress use Spread alone): files spread over worker threads, the rest of the thread
+// budget given to each file, one progress line, and one error per failed file that always
+// names the file, whatever was thrown. Results are reported afterwards in input order, so
+// output does not depend on scheduling.
+//
+// In an MPI job (cluster/) the files are first spread over the ranks: every rank finds the
+// same files, Spread gives each its share (balanced by bytes, cluster/partition.h), each
+// rank runs its share with its own threads, and the results travel to rank 0 as JSON
+// (ops/result_json.h), which prints the one report. Other ranks print nothing.
 #pragma once
 
 #include <atomic>
@@ -14,27 +20,73 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
+#include "cluster/world.h"
 
 namespace ckpt::cli {
 
+// Items (files or folders, named by `keys`) spread over the ranks of the job: one rank each.
+// The constructor is the job's Agree step (cluster/steps.h): it throws cluster::Stopped on
+// every rank when some rank sees other items.
+class Spread {
+ public:
+  Spread(const std::vector<std::string>& keys, const std::vector<uint64_t>& bytes);
+
+  // The items this rank runs, in input order (all of them in a single process).
+  const std::vector<size_t>& mine() const { return mine_; }
+  // Only rank 0 reports; other ranks return once Gather() has sent their results.
+  bool reports() const { return cluster::IsRoot(); }
+
+  // The Collect step: sends this rank's outcomes (errors[i], and encode(i) for the items
+  // without one) to rank 0, which fills in every other rank's items with decode(i, value).
+  // An item whose rank failed before sending gets an error naming that rank.
+  void Gather(std::vector<std::string>& errors, const std::function<nlohmann::json(size_t)>& encode,
+              const std::function<void(size_t, const nlohmann::json&)>& decode);
+
+  template <typename R>
+  void Gather(std::vector<std::string>& errors, std::vector<R>& results) {
+    Gather(
+        errors, [&](size_t i) { return nlohmann::json(results[i]); },
+        [&](size_t i, const nlohmann::json& j) { results[i] = j.get<R>(); });
+  }
+
+ private:
+  const std::vector<std::string>& keys_;
+  std::vector<int> owner_;
+  std::vector<size_t> mine_;
+};
+
 class Batch {
  public:
-  // `threads` is the command's -j; `label` prefixes the progress line.
-  Batch(const std::vector<std::string>& files, unsigned threads, std::string label, bool progress);
+  // `threads` is the command's -j; `label` prefixes the progress line. The first `parallel`
+  // files run side by side; any after them (folders that want every thread) one at a time
+  // afterwards, each with all `threads`, and keep their errors as thrown.
+  Batch(const std::vector<std::string>& files, unsigned threads, std::string label, bool progress,
+        size_t parallel = SIZE_MAX);
 
-  unsigned workers() const { return workers_; }
   unsigned threads_per_file() const { return threads_per_file_; }
   // Progress counter for the writers (bytes of input done); valid until Run() returns.
   std::atomic<uint64_t>* bytes_done() { return &progress_->bytes_done(); }
+  bool reports() const { return spread_->reports(); }
 
-  // Runs work(i) for every file, once. Returns per file "" or the error, naming the file.
-  // The progress line is gone when it returns.
-  std::vector<std::string> Run(const std::function<void(size_t)>& work);
+  // Runs work(i) for every file this rank owns, once, then gathers: on rank 0 `results`
+  // and the returned errors ("" or the error, naming the file) cover every file. The
+  // progress line is gone when it returns.
+  template <typename R>
+  std::vector<std::string> Run(std::vector<R>& results, const std::function<R(size_t)>& work) {
+    std::vector<std::string> errors = RunMine([&](size_t i) { results[i] = work(i); });
+    spread_->Gather(errors, results);
+    return errors;
+  }
 
  private:
+  std::vector<std::string> RunMine(const std::function<void(size_t)>& work);
+
   const std::vector<std::string>& files_;
+  size_t parallel_;
+  unsigned threads_;
   unsigned workers_;
   unsigned threads_per_file_;
+  std::unique_ptr<Spread> spread_;
   std::unique_ptr<Progress> progress_;
 };
 
@@ -45,5 +97,8 @@ bool ReportFailure(const std::string& path, const std::string& error, bool json,
 
 // `what` with `path: ` in front unless it already names the path there.
 std::string NamingFile(const std::string& path, const std::string& what);
+
+// Bytes of a file, or of the regular files below a folder (0 when unreadable).
+uint64_t TreeBytes(const std::string& path);
 
 }  // namespace ckpt::cli

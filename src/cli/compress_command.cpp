@@ -13,9 +13,11 @@
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cluster/world.h"
 #include "compress/archive.h"
 #include "io/parallel.h"
 #include "ops/compress.h"
+#include "ops/result_json.h"
 
 namespace ckpt::cli {
 
@@ -32,20 +34,6 @@ struct CompressCliOptions {
   bool json = false;
   bool quiet = false;
 };
-
-uint64_t TreeBytes(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    uint64_t n = fs::file_size(path, ec);
-    return ec ? 0 : n;
-  }
-  uint64_t total = 0;
-  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
-  }
-  return total;
-}
 
 // Results go to stdout, or to stderr when stdout carries the data (-c).
 void Say(bool to_stderr, const std::string& line) {
@@ -90,50 +78,73 @@ int RunCompress(const CompressCliOptions& o) {
   co.to_stdout = o.to_stdout;
   co.force = o.force;
   co.remove_input = o.remove_input;
+  std::vector<uint64_t> sizes;
   uint64_t total = 0;
-  for (const std::string& p : o.paths) total += TreeBytes(p);
+  for (const std::string& p : o.paths) {
+    sizes.push_back(TreeBytes(p));
+    total += sizes.back();
+  }
+  // In an MPI job each rank compresses its share of the paths, one at a time with every
+  // thread; rank 0 reports.
+  Spread spread(o.paths, sizes);
+  std::vector<CompressResult> results(o.paths.size());
+  std::vector<std::string> errors(o.paths.size());
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
+  const bool live = !cluster::Distributed();
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
+  // Rank 0 reports each path, in input order: a single process as soon as it is done, an
+  // MPI job once every rank's results are in.
+  auto report = [&](size_t i) {
+    const std::string& path = o.paths[i];
+    if (!errors[i].empty()) {
+      rc = 1;
+      PrintError(NamingFile(path, errors[i]));
+      if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
+      return;
+    }
+    const CompressResult& r = results[i];
+    before += r.before;
+    after += r.after;
+    for (const std::string& w : r.warnings)
+      std::fprintf(stderr, "ckptool: warning: %s\n", Printable(w).c_str());
+    if (o.json) {
+      doc["files"].push_back({{"input", r.input},
+                              {"output", r.output},
+                              {"before", r.before},
+                              {"after", r.after},
+                              {"files", r.files},
+                              {"chunks", r.chunks},
+                              {"tensors", r.tensors},
+                              {"plain_zstd_chunks", r.whole_chunks},
+                              {"removed", r.removed}});
+    } else if (!o.quiet) {
+      if (progress_on) std::fputs("\r\033[K", stderr);
+      Say(o.to_stdout,
+          fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}", r.input, HumanBytes(r.before),
+                      HumanBytes(r.after),
+                      r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
+                      Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
+                      r.removed ? " (original removed)" : ""));
+    }
+  };
   {
-    bool progress_on = !o.json && !o.quiet && StderrIsTerminal();
     Progress progress("compress", total, progress_on);
     co.bytes_done = &progress.bytes_done();
-    for (const std::string& path : o.paths) {
+    for (size_t i : spread.mine()) {
       try {
-        CompressResult r = CompressPath(path, co);
+        results[i] = CompressPath(o.paths[i], co);
         progress.FileDone();
-        before += r.before;
-        after += r.after;
-        for (const std::string& w : r.warnings)
-          std::fprintf(stderr, "ckptool: warning: %s\n", Printable(w).c_str());
-        if (o.json) {
-          doc["files"].push_back({{"input", r.input},
-                                  {"output", r.output},
-                                  {"before", r.before},
-                                  {"after", r.after},
-                                  {"files", r.files},
-                                  {"chunks", r.chunks},
-                                  {"tensors", r.tensors},
-                                  {"plain_zstd_chunks", r.whole_chunks},
-                                  {"removed", r.removed}});
-        } else if (!o.quiet) {
-          if (progress_on) std::fputs("\r\033[K", stderr);
-          Say(o.to_stdout,
-              fmt::format(
-                  "{}: {} -> {} ({:.3f}x, {}){}{}", r.input, HumanBytes(r.before),
-                  HumanBytes(r.after),
-                  r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
-                  Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
-                  r.removed ? " (original removed)" : ""));
-        }
       } catch (const std::exception& e) {
-        rc = 1;
-        PrintError(NamingFile(path, e.what()));
-        if (o.json) doc["files"].push_back({{"input", path}, {"error", e.what()}});
+        errors[i] = e.what();
       }
+      if (live) report(i);
     }
   }
+  spread.Gather(errors, results);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
   if (o.json) {
     doc["before"] = before;
     doc["after"] = after;
@@ -165,46 +176,67 @@ int RunDecompress(const DecompressCliOptions& o) {
   d.to_stdout = o.to_stdout;
   d.force = o.force;
   d.remove_input = o.remove_input;
+  std::vector<uint64_t> sizes;
+  for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
+  Spread spread(o.paths, sizes);
   uint64_t total = 0;
-  for (const std::string& p : o.paths) {
+  const bool live = !cluster::Distributed();
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
+  for (size_t i : spread.mine()) {
+    if (!progress_on) break;
     try {
-      ckz::Archive a = ckz::Archive::Open(p);
+      ckz::Archive a = ckz::Archive::Open(o.paths[i]);
       for (const ckz::Entry& e : a.index().entries) total += e.size;
     } catch (const Error&) {
       // Reported when the archive's turn comes.
     }
   }
+  std::vector<DecompressResult> results(o.paths.size());
+  std::vector<std::string> errors(o.paths.size());
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  // Rank 0 reports each archive, in input order: a single process as soon as it is done, an
+  // MPI job once every rank's results are in.
+  auto report = [&](size_t i) {
+    const std::string& path = o.paths[i];
+    if (!errors[i].empty()) {
+      rc = 1;
+      PrintError(NamingFile(path, errors[i]));
+      if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
+      return;
+    }
+    const DecompressResult& r = results[i];
+    if (o.json) {
+      doc["files"].push_back({{"input", r.input},
+                              {"output", r.output},
+                              {"archive_bytes", r.archive_bytes},
+                              {"restored_bytes", r.restored_bytes},
+                              {"files", r.files},
+                              {"removed", r.removed}});
+    } else if (!o.quiet) {
+      if (progress_on) std::fputs("\r\033[K", stderr);
+      Say(o.to_stdout,
+          fmt::format("{}: {} -> {}, {} files{}{}", r.input, HumanBytes(r.archive_bytes),
+                      HumanBytes(r.restored_bytes), r.files, o.to_stdout ? "" : " " + r.output,
+                      r.removed ? " (archive removed)" : ""));
+    }
+  };
   {
-    bool progress_on = !o.json && !o.quiet && StderrIsTerminal();
     Progress progress("decompress", total, progress_on);
     d.bytes_done = &progress.bytes_done();
-    for (const std::string& path : o.paths) {
+    for (size_t i : spread.mine()) {
       try {
-        DecompressResult r = DecompressArchive(path, d);
+        results[i] = DecompressArchive(o.paths[i], d);
         progress.FileDone();
-        if (o.json) {
-          doc["files"].push_back({{"input", r.input},
-                                  {"output", r.output},
-                                  {"archive_bytes", r.archive_bytes},
-                                  {"restored_bytes", r.restored_bytes},
-                                  {"files", r.files},
-                                  {"removed", r.removed}});
-        } else if (!o.quiet) {
-          if (progress_on) std::fputs("\r\033[K", stderr);
-          Say(o.to_stdout,
-              fmt::format("{}: {} -> {}, {} files{}{}", r.input, HumanBytes(r.archive_bytes),
-                          HumanBytes(r.restored_bytes), r.files, o.to_stdout ? "" : " " + r.output,
-                          r.removed ? " (archive removed)" : ""));
-        }
       } catch (const std::exception& e) {
-        rc = 1;
-        PrintError(NamingFile(path, e.what()));
-        if (o.json) doc["files"].push_back({{"input", path}, {"error", e.what()}});
+        errors[i] = e.what();
       }
+      if (live) report(i);
     }
   }
+  spread.Gather(errors, results);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
   if (o.json) {
     if (o.to_stdout) {
       std::fprintf(stderr, "%s\n", doc.dump(1).c_str());

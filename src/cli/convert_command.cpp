@@ -15,6 +15,7 @@
 #include "io/parallel.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
+#include "ops/result_json.h"
 
 namespace ckpt::cli {
 
@@ -65,9 +66,12 @@ int RunConvert(ConvertCliOptions o) {
   co.threads = batch.threads_per_file();
   co.bytes_done = batch.bytes_done();
   std::vector<ConvertResult> results(tree.checkpoints.size());
-  std::vector<std::string> errors = batch.Run([&](size_t i) {
-    results[i] = ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
+  std::vector<std::string> errors = batch.Run<ConvertResult>(results, [&](size_t i) {
+    return ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
   });
+  // Rank 0 reports for every rank, and copies the other files and rewrites the indexes,
+  // which need every rank's results.
+  if (!batch.reports()) return 0;
   int rc = 0;
   std::map<std::string, uint64_t> storage_bytes;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -8,9 +9,15 @@
 #include "base/human.h"
 #include "base/size_parse.h"
 #include "base/utf8.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
+#include "cluster/steps.h"
+#include "cluster/world.h"
 #include "io/parallel.h"
 #include "ops/export.h"
+#include "ops/logical_export.h"
+#include "ops/result_json.h"
+#include "ops/safetensors_output.h"
 
 namespace ckpt::cli {
 
@@ -28,7 +35,62 @@ struct ExportCliOptions {
   bool json = false;
 };
 
+// Sharded safetensors output in an MPI job: every rank plans the same shards, writes its share
+// (balanced by bytes), and rank 0 writes the index once every rank's shards are written and
+// verified; a failed rank means no index.
+struct RankTeam {
+  std::vector<std::string> names;
+  std::unique_ptr<Spread> spread;
+  ShardTeam team;
+
+  RankTeam(const RankTeam&) = delete;  // the callbacks hold `this`
+  RankTeam& operator=(const RankTeam&) = delete;
+  RankTeam() {
+    team.writes_index = cluster::IsRoot();
+    team.plan = [this](const std::vector<std::string>& shard_names,
+                       const std::vector<uint64_t>& bytes) {
+      names = shard_names;
+      spread = std::make_unique<Spread>(names, bytes);  // every rank plans the same shards
+      return spread->mine();
+    };
+    team.written = [this](size_t shard, const std::string& error) {
+      nlohmann::json mine = nlohmann::json::object();
+      if (!error.empty()) mine = {{"shard", shard}, {"error", error}};
+      std::vector<cluster::RankResult> all = cluster::Collect(ToCbor(mine));
+      // The failure a single process would have met first: a rank that failed before it
+      // wrote anything (nothing goes into place), else the failed shard with the lowest
+      // index (the shards below it do).
+      ShardVerdict v;
+      v.commit_below = names.size();
+      for (size_t r = 0; r < all.size(); ++r) {
+        size_t at = 0;
+        std::string e = all[r].error;
+        if (all[r].ok) {
+          nlohmann::json x = FromCbor(all[r].payload);
+          if (!x.contains("error")) continue;
+          at = x["shard"].get<size_t>();
+          e = x["error"].get<std::string>();
+        }
+        if (e.empty()) e = fmt::format("rank {} of {} failed", r, all.size());
+        if (v.error.empty() || at < v.commit_below) {
+          v.commit_below = at;
+          v.error = e;
+        }
+      }
+      v.commit_below = std::stoull(cluster::Decide(std::to_string(v.commit_below)));
+      if (!cluster::IsRoot()) v.error.clear();  // rank 0 reports
+      return v;
+    };
+    team.committed = [](const std::string& error) { return cluster::Confirm(error); };
+  }
+};
+
 int RunExport(const ExportCliOptions& o) {
+  // In an MPI job sharded safetensors are written by all ranks; anything else (one file, a
+  // torch file) by rank 0 while the others wait.
+  bool shared = cluster::Distributed() && !o.max_shard_size.empty() && !IsTorchOutputPath(o.to);
+  if (!shared && !cluster::IsRoot()) return 0;
+  RankTeam team;
   ExportOptions eo;
   eo.select = o.select;
   if (o.dtype == "bf16") eo.to = kernels::Half::kBFloat16;
@@ -37,7 +99,9 @@ int RunExport(const ExportCliOptions& o) {
   eo.threads = o.threads;
   eo.tag = o.tag;
   eo.exclude_frozen = o.exclude_frozen;
+  if (shared) eo.team = &team.team;
   ExportResult r = Export(o.sources, o.to, eo);
+  if (!cluster::IsRoot()) return 0;  // rank 0 reports
   for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << Printable(w) << "\n";
   if (o.json) {
     nlohmann::ordered_json j = {{"selected", r.selected},

@@ -6,11 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "base/error.h"
 #include "base/perf.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "cluster/steps.h"
+#include "cluster/world.h"
 #include "io/temp_files.h"
 
 namespace ckpt::cli {
@@ -40,6 +43,7 @@ void PrintJson(const nlohmann::ordered_json& doc) {
 }
 
 void PrintError(const std::string& message) {
+  if (!cluster::ShouldPrintError(message)) return;  // another rank: rank 0 prints it
   std::fflush(stdout);
   std::fprintf(stderr, "ckptool: error: %s\n", Printable(message).c_str());
 }
@@ -59,17 +63,30 @@ void RaiseOpenFileLimit() {
   }
 }
 
-}  // namespace
+// Commands that share their work between the ranks of an MPI job themselves; every other
+// command runs on rank 0 alone while the others wait for its exit code (prune decides what
+// to delete, apply and watch act on one folder's state, inspect prints one report).
+bool SpreadsOverRanks(const std::string& command) {
+  for (const char* c :
+       {"shrink", "strip", "convert", "verify", "compress", "decompress", "export"}) {
+    if (command == c) return true;
+  }
+  return false;
+}
 
-int main(int argc, char** argv) {
-  RaiseOpenFileLimit();
+// Parses the command line and runs the command; returns its exit code. Errors are printed
+// on rank 0 only (cluster/steps.h: the other ranks' go to rank 0).
+int RunCommandLine(int argc, char** argv) {
   CLI::App app{
       "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
       "safetensors) without executing them"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ckptool " CKPT_VERSION);
+  app.set_version_flag("--version", [] {
+    std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
+    return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
+  });
   bool perf = false;
-  app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr");
+  app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr (rank 0's under MPI)");
   struct Command {
     CLI::App* app;
     ckpt::cli::Runner run;
@@ -104,13 +121,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    // Help, the version and command-line errors: once, from rank 0.
+    std::ostringstream quiet;
+    int rc = ckpt::cluster::IsRoot() ? app.exit(e) : app.exit(e, quiet, quiet);
+    return rc == 0 ? 0 : 2;
   }
-  if (perf) ckpt::EnablePerf();
+  if (perf && ckpt::cluster::IsRoot()) ckpt::EnablePerf();
   ckpt::InstallInterruptHandlers();
   try {
     for (const Command& c : commands) {
       if (!c.app->parsed()) continue;
+      if (!ckpt::cluster::IsRoot() && !SpreadsOverRanks(c.app->get_name())) return 0;
       int rc;
       {
         ckpt::PerfTimer timer(c.app->get_name().c_str());
@@ -120,6 +141,8 @@ int main(int argc, char** argv) {
       ckpt::PrintPerf(stderr);
       return rc;
     }
+  } catch (const ckpt::cluster::Stopped& s) {
+    return s.rc;  // every rank stopped at the same step; rank 0 said why
   } catch (const ckpt::Error& e) {
     ckpt::cli::PrintError(e.what());
     return 1;
@@ -132,4 +155,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Launched as one of several ranks? Start MPI, or refuse before touching anything.
+  if (int rc = ckpt::cluster::Start(&argc, &argv)) return rc;
+  RaiseOpenFileLimit();
+  int rc = RunCommandLine(argc, argv);
+  std::cout.flush();
+  // The steps this rank skipped, then the job's exit code: the same on every rank.
+  rc = ckpt::cluster::Finish(rc);
+  ckpt::cluster::Stop();
+  return rc;
 }

@@ -11,8 +11,10 @@
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cluster/world.h"
 #include "io/parallel.h"
 #include "ops/checkpoint_file.h"
+#include "ops/result_json.h"
 #include "ops/shrink.h"
 
 namespace ckpt::cli {
@@ -75,6 +77,7 @@ int RunShrink(ShrinkCliOptions o) {
   // torch.distributed.checkpoint saves every chunk compact (a view is cloned first): there is
   // nothing for shrink to cut.
   for (const std::string& d : dcp_folders) {
+    if (!cluster::IsRoot()) break;
     std::cout << Printable(fmt::format(
                      "{}: torch.distributed.checkpoint folder: its items are already compact, "
                      "nothing to shrink (strip drops its optimizer state; export writes its model)",
@@ -96,7 +99,8 @@ int RunShrink(ShrinkCliOptions o) {
   so.bytes_done = batch.bytes_done();
   std::vector<ShrinkResult> results(files.size());
   std::vector<std::string> errors =
-      batch.Run([&](size_t i) { results[i] = ShrinkFile(files[i], so); });
+      batch.Run<ShrinkResult>(results, [&](size_t i) { return ShrinkFile(files[i], so); });
+  if (!batch.reports()) return 0;  // rank 0 reports for every rank
   uint64_t before = 0, after = 0;
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};

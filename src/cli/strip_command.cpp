@@ -16,6 +16,7 @@
 #include "io/parallel.h"
 #include "ops/checkpoint_file.h"
 #include "ops/dcp_strip.h"
+#include "ops/result_json.h"
 #include "ops/strip.h"
 
 namespace ckpt::cli {
@@ -56,25 +57,19 @@ int RunStrip(StripCliOptions o) {
   StripTargets targets = CollectStripTargets(o.paths);
   std::vector<std::string>& files = targets.files;
   const std::vector<std::string>& training_files = targets.training_files;
-  const std::vector<std::string>& dcp_folders = targets.dcp_folders;
-  Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal());
+  // torch.distributed.checkpoint folders after the files: one at a time, each with every
+  // thread.
+  const size_t plain_files = files.size();
+  files.insert(files.end(), targets.dcp_folders.begin(), targets.dcp_folders.end());
+  Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal(), plain_files);
   so.threads = batch.threads_per_file();
+  StripOptions dso = so;
+  dso.threads = o.threads;
   std::vector<StripResult> results(files.size());
-  std::vector<std::string> errors =
-      batch.Run([&](size_t i) { results[i] = StripFile(files[i], so); });
-  // torch.distributed.checkpoint folders: one at a time, each with every thread.
-  for (const std::string& folder : dcp_folders) {
-    StripOptions dso = so;
-    dso.threads = o.threads;
-    files.push_back(folder);
-    results.emplace_back();
-    errors.emplace_back();
-    try {
-      results.back() = StripDcp(folder, dso);
-    } catch (const std::exception& e) {
-      errors.back() = e.what();
-    }
-  }
+  std::vector<std::string> errors = batch.Run<StripResult>(results, [&](size_t i) {
+    return i < plain_files ? StripFile(files[i], so) : StripDcp(files[i], dso);
+  });
+  if (!batch.reports()) return 0;  // rank 0 reports for every rank
   int rc = 0;
   uint64_t before = 0, after = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};

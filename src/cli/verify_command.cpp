@@ -1,18 +1,22 @@
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
+#include "cluster/world.h"
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
+#include "ops/result_json.h"
 #include "ops/verify.h"
 
 namespace ckpt::cli {
@@ -25,45 +29,78 @@ struct VerifyCliOptions {
   bool quiet = false;
 };
 
-// What one checkpoint's verification found, printed the same way for every kind.
-struct Outcome {
-  std::vector<torch::Problem> problems;  // one line each: "path: where: what"
-  std::string ok;                        // the OK line when there is no problem
-  std::vector<std::string> notes;
+// One checkpoint to verify and what verifying it found. `failed` holds an error that
+// stopped its verification: a ckpt::Error is reported as a problem line; anything else
+// (`internal`) ends the run, as it does in a single process.
+struct Item {
+  enum Kind { kArchive, kFile, kZero, kDcp } kind;
+  std::string path;
 };
 
-class Tally {
- public:
-  explicit Tally(bool quiet) : quiet_(quiet) {}
+struct Found {
+  VerifyOutcome outcome;
+  std::string failed;
+  bool internal = false;
+};
 
-  template <typename Fn>
-  void Check(const std::string& path, Fn&& fn) {
-    try {
-      Outcome r = fn();
-      for (const auto& p : r.problems) {
-        std::cout << Printable(fmt::format("{}: {}: {}", path, p.where, p.what)) << "\n";
-      }
-      problems += r.problems.size();
-      if (!r.problems.empty()) {
-        ++bad;
-      } else if (!quiet_) {
-        std::cout << Printable(r.ok) << "\n";
-      }
-      if (!quiet_) {
-        for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
-      }
-    } catch (const Error& e) {
-      std::cout << Printable(e.what()) << "\n";
-      ++bad;
-      ++problems;
+void to_json(nlohmann::json& j, const Found& f) {
+  j = {{"outcome", f.outcome}, {"failed", f.failed}, {"internal", f.internal}};
+}
+void from_json(const nlohmann::json& j, Found& f) {
+  j.at("outcome").get_to(f.outcome);
+  j.at("failed").get_to(f.failed);
+  j.at("internal").get_to(f.internal);
+}
+
+VerifyOutcome Check(const Item& item, unsigned threads) {
+  const std::string& path = item.path;
+  switch (item.kind) {
+    case Item::kArchive: {
+      // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
+      ckz::Archive a = ckz::Archive::Open(path);
+      ArchiveVerifyResult r = VerifyArchive(a, threads);
+      return VerifyOutcome{
+          std::move(r.problems),
+          fmt::format("{}: OK (ckz archive: {} entries, {} chunks decoded, {} "
+                      "CRC-checked)",
+                      path, a.index().entries.size(), r.chunks, HumanBytes(r.bytes)),
+          {}};
+    }
+    case Item::kFile: {
+      CheckpointFile f = OpenCheckpoint(path);
+      VerifyResult r = Verify(f, threads);
+      std::string what = f.format == Format::kTorchZip
+                             ? fmt::format("{} records, {} CRC-checked", r.records_checked,
+                                           HumanBytes(r.bytes_checked))
+                             : "structure checked; the format carries no checksums";
+      return VerifyOutcome{std::move(r.problems),
+                           fmt::format("{}: OK ({}, {})", path, FormatName(f.format), what),
+                           std::move(r.notes)};
+    }
+    case Item::kZero: {
+      // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
+      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
+      return VerifyOutcome{{},
+                           fmt::format("{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the "
+                                       "partitions of all {} tensors are present and add up)",
+                                       z.folder, z.stage, z.world_size, z.tensors.size()),
+                           {}};
+    }
+    case Item::kDcp: {
+      // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
+      dcp::Checkpoint c = dcp::OpenDcp(path);
+      DcpVerifyResult r = VerifyDcp(c, threads);
+      return VerifyOutcome{
+          std::move(r.problems),
+          fmt::format("{}: OK (torch.distributed.checkpoint: {} tensors in {} items of "
+                      "{} files, chunks tile every tensor, {} CRC-checked)",
+                      path, c.tensors.size(), r.items_checked, c.files.size(),
+                      HumanBytes(r.bytes_checked)),
+          std::move(r.notes)};
     }
   }
-
-  size_t bad = 0, problems = 0;
-
- private:
-  bool quiet_;
-};
+  return {};
+}
 
 int RunVerify(const VerifyCliOptions& o) {
   std::vector<std::string> archives, paths;
@@ -74,62 +111,80 @@ int RunVerify(const VerifyCliOptions& o) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
-  Tally tally(o.quiet);
-  // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
-  for (const std::string& path : archives) {
-    tally.Check(path, [&] {
-      ckz::Archive a = ckz::Archive::Open(path);
-      ArchiveVerifyResult r = VerifyArchive(a, o.threads);
-      return Outcome{std::move(r.problems),
-                     fmt::format("{}: OK (ckz archive: {} entries, {} chunks decoded, {} "
-                                 "CRC-checked)",
-                                 path, a.index().entries.size(), r.chunks, HumanBytes(r.bytes)),
-                     {}};
-    });
+  // Archives, files, ZeRO folders, DCP folders: the order the report lists them in.
+  std::vector<Item> items;
+  for (const std::string& p : archives) items.push_back({Item::kArchive, p});
+  for (const std::string& p : files) items.push_back({Item::kFile, p});
+  for (const std::string& p : paths) {
+    if (deepspeed::LooksLikeZeroCheckpoint(p)) items.push_back({Item::kZero, p});
   }
-  for (const std::string& path : files) {
-    tally.Check(path, [&] {
-      CheckpointFile f = OpenCheckpoint(path);
-      VerifyResult r = Verify(f, o.threads);
-      std::string what = f.format == Format::kTorchZip
-                             ? fmt::format("{} records, {} CRC-checked", r.records_checked,
-                                           HumanBytes(r.bytes_checked))
-                             : "structure checked; the format carries no checksums";
-      return Outcome{std::move(r.problems),
-                     fmt::format("{}: OK ({}, {})", path, FormatName(f.format), what),
-                     std::move(r.notes)};
-    });
+  for (const std::string& p : dcp_folders) items.push_back({Item::kDcp, p});
+  std::vector<std::string> keys;
+  std::vector<uint64_t> bytes;
+  for (const Item& it : items) {
+    keys.push_back(it.path);
+    bytes.push_back(TreeBytes(it.path));
   }
-  // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
-  for (const std::string& path : paths) {
-    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
-    tally.Check(path, [&] {
-      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
-      return Outcome{{},
-                     fmt::format("{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the partitions of "
-                                 "all {} tensors are present and add up)",
-                                 z.folder, z.stage, z.world_size, z.tensors.size()),
-                     {}};
-    });
+  // Each rank verifies its share one checkpoint at a time, each with every thread.
+  Spread spread(keys, bytes);
+  std::vector<Found> found(items.size());
+  std::vector<std::string> errors(items.size());
+  size_t bad = 0, problems = 0;
+  // Rank 0 reports each checkpoint, in input order: a single process as soon as it is
+  // verified, an MPI job once every rank's results are in. False: the run stops there.
+  auto report = [&](size_t i) {
+    const Found& f = found[i];
+    if (f.internal) {
+      PrintError(f.failed);
+      return false;
+    }
+    if (!f.failed.empty()) {
+      std::cout << Printable(f.failed) << "\n";
+      ++bad;
+      ++problems;
+      return true;
+    }
+    const VerifyOutcome& r = f.outcome;
+    for (const auto& p : r.problems) {
+      std::cout << Printable(fmt::format("{}: {}: {}", items[i].path, p.where, p.what)) << "\n";
+    }
+    problems += r.problems.size();
+    if (!r.problems.empty()) {
+      ++bad;
+    } else if (!o.quiet) {
+      std::cout << Printable(r.ok) << "\n";
+    }
+    if (!o.quiet) {
+      for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+    }
+    return true;
+  };
+  const bool live = !cluster::Distributed();
+  for (size_t i : spread.mine()) {
+    try {
+      found[i].outcome = Check(items[i], o.threads);
+    } catch (const Error& e) {
+      found[i].failed = e.what();
+    } catch (const std::filesystem::filesystem_error& e) {
+      // Reported as main() reports what escapes a command, and the run stops there.
+      found[i].failed = fmt::format("{}: {}", e.path1().string(), e.code().message());
+      found[i].internal = true;
+    } catch (const std::exception& e) {
+      found[i].failed = std::string("internal error: ") + e.what();
+      found[i].internal = true;
+    }
+    if (live && !report(i)) return 1;
+    if (found[i].internal) break;
   }
-  // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
-  for (const std::string& folder : dcp_folders) {
-    tally.Check(folder, [&] {
-      dcp::Checkpoint c = dcp::OpenDcp(folder);
-      DcpVerifyResult r = VerifyDcp(c, o.threads);
-      return Outcome{std::move(r.problems),
-                     fmt::format("{}: OK (torch.distributed.checkpoint: {} tensors in {} items of "
-                                 "{} files, chunks tile every tensor, {} CRC-checked)",
-                                 folder, c.tensors.size(), r.items_checked, c.files.size(),
-                                 HumanBytes(r.bytes_checked)),
-                     std::move(r.notes)};
-    });
+  spread.Gather(errors, found);
+  if (!spread.reports()) return 0;  // rank 0 reports for every rank
+  for (size_t i = 0; i < found.size() && !live; ++i) {
+    if (!report(i)) return 1;
   }
-  size_t bad_files = tally.bad, problems = tally.problems;
   std::cout.flush();
-  if (bad_files) {
-    std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems,
-                             bad_files, files.size() + dcp_folders.size() + archives.size());
+  if (bad) {
+    std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems, bad,
+                             files.size() + dcp_folders.size() + archives.size());
     return 1;
   }
   return 0;

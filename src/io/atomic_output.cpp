@@ -91,7 +91,8 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
     struct statfs fs {};
     bool tmpfs = ::fstatfs(out.fd_, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
     int rc = tmpfs ? EOPNOTSUPP : ::posix_fallocate(out.fd_, 0, static_cast<off_t>(size));
-    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(out.fd_, static_cast<off_t>(size)) ? errno : 0;
+    if (rc == EOPNOTSUPP || rc == EINVAL)
+      rc = ::ftruncate(out.fd_, static_cast<off_t>(size)) ? errno : 0;
     if (rc != 0) FailErrno(path, "cannot reserve space for the output", rc);
   }
   return out;
@@ -108,7 +109,9 @@ AtomicOutput::AtomicOutput(AtomicOutput&& other) noexcept
       dirty_(other.dirty_.load()),
       inputs_(std::move(other.inputs_)) {}
 
-AtomicOutput::~AtomicOutput() { Discard(); }
+AtomicOutput::~AtomicOutput() {
+  Discard();
+}
 
 void AtomicOutput::Discard() {
   if (fd_ >= 0) ::close(fd_);
@@ -192,6 +195,17 @@ void AtomicOutput::SetDefaultMode() {
   dirty_ = true;
 }
 
+void LogCommitForTests(const std::string& path) {
+  const char* dir = std::getenv("CKPT_TEST_COMMIT_LOG");
+  if (!dir || !*dir) return;
+  std::string log = std::string(dir) + "/" + std::to_string(::getpid()) + ".log";
+  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::string line = path + "\n";
+  [[maybe_unused]] ssize_t n = ::write(fd, line.data(), line.size());  // O_APPEND: one write
+  ::close(fd);
+}
+
 void AtomicOutput::Commit() {
   for (const MappedFile::Stamp& input : inputs_) {
     if (!input.ChangedOnDisk()) continue;
@@ -206,6 +220,7 @@ void AtomicOutput::Commit() {
     FailErrno(final_path_, "cannot replace", errno);
   }
   committed_ = true;
+  LogCommitForTests(final_path_);
   std::string dir = DirOf(final_path_);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

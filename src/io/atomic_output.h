@@ -20,6 +20,12 @@
 
 namespace ckpt {
 
+// For tests: when CKPT_TEST_COMMIT_LOG names a folder, every output put into place (a file
+// renamed over its destination, a folder swapped in) is logged as one line in
+// <folder>/<pid>.log, so a test can check that no two processes (MPI ranks) wrote the same
+// path. Costs one getenv per output otherwise.
+void LogCommitForTests(const std::string& path);
+
 class AtomicOutput {
  public:
   // Throws ckpt::Error naming `path` when it cannot: not enough space, a folder it may not

@@ -2,6 +2,8 @@
 // other workers from taking new items and is rethrown after all have joined.
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -12,7 +14,15 @@
 
 namespace ckpt {
 
-inline unsigned DefaultThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+// The CPUs this process may run on (its affinity: taskset, a Slurm or cgroup cpuset, an MPI
+// rank bound to its cores), else every CPU of the machine.
+inline unsigned DefaultThreads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<unsigned>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 template <typename Fn>
 void ParallelFor(size_t n, unsigned threads, Fn&& fn) {

@@ -717,6 +717,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
       FailErrno(dest, "cannot rename into place");
     tmp.keep = true;
   }
+  LogCommitForTests(dest_path.string());
   SyncFolder(dest_path.parent_path().string());
 }
 

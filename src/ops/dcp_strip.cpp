@@ -300,6 +300,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
            std::strerror(errno));
     // tmp.path now holds the old folder; ~TempFolder removes it.
   }
+  LogCommitForTests(dest.string());
   SyncFolder(dest.parent_path().string());
   r.rewritten = true;
   return r;

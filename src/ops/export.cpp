@@ -274,6 +274,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   SafetensorsModelOptions so;
   so.max_shard_size = o.max_shard_size;
   so.threads = o.threads;
+  so.team = o.team;
   for (const auto& f : files) so.inputs.push_back(&f->map);
   SafetensorsModel written = WriteSafetensorsModel(to, std::move(outputs), aliases, so);
   r.files = written.files;

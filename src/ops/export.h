@@ -18,6 +18,8 @@
 
 namespace ckpt {
 
+struct ShardTeam;  // ops/safetensors_output.h
+
 struct ExportOptions {
   std::string select;               // key path of the sub-object; empty: auto-detect
   std::optional<kernels::Half> to;  // convert float32 tensors
@@ -26,6 +28,8 @@ struct ExportOptions {
   // DeepSpeed ZeRO checkpoints (zero_export.h):
   std::string tag;              // the tag folder; empty: what `latest` names
   bool exclude_frozen = false;  // leave frozen parameters out
+  // Safetensors shards written by the ranks of an MPI job together; null: by this process.
+  const ShardTeam* team = nullptr;
 };
 
 struct ExportResult {

@@ -89,6 +89,7 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   so.max_shard_size = o.max_shard_size;
   so.threads = o.threads;
   so.inputs = m.inputs;
+  so.team = o.team;
   SafetensorsModel out = WriteSafetensorsModel(to, std::move(outputs), aliases, so);
   r.files = out.files;
   r.bytes = out.bytes;

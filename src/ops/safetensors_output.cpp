@@ -22,9 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void WriteFile(const std::string& path, std::vector<TensorSource>& tensors,
-               const std::map<std::string, std::string>& metadata,
-               const SafetensorsModelOptions& o) {
+// Writes and verifies one file; the caller commits it.
+AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const SafetensorsModelOptions& o) {
   // Widest dtype first, then by name: safetensors' own order, which keeps every tensor aligned.
   std::stable_sort(tensors.begin(), tensors.end(),
                    [](const TensorSource& a, const TensorSource& b) {
@@ -80,7 +81,20 @@ void WriteFile(const std::string& path, std::vector<TensorSource>& tensors,
         Fail("tensor '{}' does not hold the bytes written", back.tensors[k].name);
     }
   });
-  out.Commit();
+  return out;
+}
+
+// An error as main() would print it.
+std::string Describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const fs::filesystem_error& x) {
+    return fmt::format("{}: {}", x.path1().string(), x.code().message());
+  } catch (const Error& x) {
+    return x.what();
+  } catch (const std::exception& x) {
+    return std::string("internal error: ") + x.what();
+  }
 }
 
 }  // namespace
@@ -129,10 +143,48 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
     auto it = shard_of.find(kept);
     if (it != shard_of.end()) metadata[it->second][alias] = kept;
   }
-  for (size_t si = 0; si < shards.size(); ++si) {
-    std::string path = (dir / shard_names[si]).string();
-    WriteFile(path, shards[si], metadata[si], o);
-    r.files.push_back(path);
+  for (size_t si = 0; si < shards.size(); ++si) r.files.push_back((dir / shard_names[si]).string());
+  if (!o.team) {
+    for (size_t si = 0; si < shards.size(); ++si)
+      WriteVerified(r.files[si], shards[si], metadata[si], o).Commit();
+  } else {
+    // Every process writes and verifies its shards, then puts into place those below the
+    // first shard that failed anywhere: the files a single process leaves.
+    std::vector<uint64_t> shard_bytes;
+    for (const auto& shard : shards) {
+      uint64_t b = 0;
+      for (const TensorSource& t : shard) b += t.size;
+      shard_bytes.push_back(b);
+    }
+    size_t failed = shards.size();
+    std::string error;
+    std::vector<std::pair<size_t, AtomicOutput>> done;
+    for (size_t si : o.team->plan(shard_names, shard_bytes)) {
+      try {
+        done.emplace_back(si, WriteVerified(r.files[si], shards[si], metadata[si], o));
+      } catch (...) {
+        error = Describe(std::current_exception());
+        failed = si;
+        break;
+      }
+    }
+    ShardVerdict verdict = o.team->written(failed, error);
+    std::string commit_error;
+    for (auto& [si, out] : done) {
+      if (si >= verdict.commit_below) break;  // the rest are removed with their AtomicOutput
+      try {
+        out.Commit();
+      } catch (...) {
+        commit_error = Describe(std::current_exception());
+        break;
+      }
+    }
+    std::string confirmed = o.team->committed(commit_error);
+    if (!verdict.error.empty()) throw Error(verdict.error);
+    if (!error.empty()) throw Error(error);
+    if (!commit_error.empty()) throw Error(commit_error);
+    if (!confirmed.empty()) throw Error(confirmed);
+    if (!o.team->writes_index) return r;
   }
   if (shards.size() > 1) {
     nlohmann::ordered_json index;

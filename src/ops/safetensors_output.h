@@ -17,10 +17,35 @@
 
 namespace ckpt {
 
+// Shards written by several processes (the ranks of an MPI job): every process plans the
+// same shards, writes and verifies its own into temp files, and then puts into place the
+// shards below the first that failed anywhere (all of them when none did): what a single
+// process, which stops at its first failure, leaves. One process writes the index, once
+// every shard of every process is in place.
+struct ShardVerdict {
+  size_t commit_below = 0;  // shards with a lower index go into place
+  std::string error;        // the error to report ("" on processes that do not report)
+};
+struct ShardTeam {
+  // Called once on every process with the plan, before anything is written; returns the
+  // shards this process writes, in order.
+  std::function<std::vector<size_t>(const std::vector<std::string>& names,
+                                    const std::vector<uint64_t>& bytes)>
+      plan;
+  // Called once on every process when its shards are written and verified: `error` is ""
+  // or the error of its first shard that failed (`shard`; it writes none after it).
+  std::function<ShardVerdict(size_t shard, const std::string& error)> written;
+  // Called once on every process after it put its shards into place (`error`: "" or why
+  // one could not be). Returns "" when every process's are in place, else an error.
+  std::function<std::string(const std::string& error)> committed;
+  bool writes_index = true;
+};
+
 struct SafetensorsModelOptions {
   uint64_t max_shard_size = 0;  // 0: one file
   unsigned threads = 1;
   std::vector<const MappedFile*> inputs;  // refused at commit if any changed meanwhile
+  const ShardTeam* team = nullptr;        // null: this process writes every shard
 };
 
 struct SafetensorsModel {

@@ -21,4 +21,12 @@ struct VerifyResult {
 
 VerifyResult Verify(const CheckpointFile& file, unsigned threads);
 
+// What verifying one checkpoint (file, folder or archive) found, as `ckptool verify` prints
+// it for every kind: one line per problem ("path: where: what"), else the OK line, then notes.
+struct VerifyOutcome {
+  std::vector<torch::Problem> problems;
+  std::string ok;
+  std::vector<std::string> notes;
+};
+
 }  // namespace ckpt

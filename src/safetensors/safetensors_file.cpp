@@ -197,6 +197,7 @@ struct EntryStream : nlohmann::json_sax<nlohmann::json> {
   bool start_array(std::size_t) override { return Open(nlohmann::json::array()); }
   bool end_array() override { return Close(); }
   bool key(string_t& k) override {
+    if (!top_is_object) return true;  // refused once parsed
     if (depth == 1) {
       if (duplicate.empty() && !seen.insert(k).second) duplicate = k;
       key_at_top = k;

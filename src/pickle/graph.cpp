@@ -266,8 +266,16 @@ uint32_t IdArena::Allocate(uint32_t cap) {
     blocks_[b].resize(cap);
     return b << kBlockBits;
   }
-  if (shared_ == UINT32_MAX || blocks_[shared_].size() + cap > kBlockIds)
-    shared_ = new_block(kBlockIds);
+  // Shared blocks start small and double up to 2^20 ids: most pickles (a DCP item's, a
+  // tensor file's small dict) need a few hundred ids, and reserving 4 MiB for each would cost
+  // address space, and under the sanitizers the time to poison it.
+  if (shared_ == UINT32_MAX ||
+      blocks_[shared_].size() + cap > std::min<size_t>(kBlockIds, blocks_[shared_].capacity())) {
+    size_t room = shared_ == UINT32_MAX
+                      ? kFirstBlockIds
+                      : std::min<size_t>(kBlockIds, 2 * blocks_[shared_].capacity());
+    shared_ = new_block(std::max<size_t>(room, cap));
+  }
   std::vector<NodeId>& blk = blocks_[shared_];
   uint32_t offset = static_cast<uint32_t>(blk.size());
   blk.resize(blk.size() + cap);

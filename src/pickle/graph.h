@@ -66,7 +66,8 @@ struct Compound {
 };
 static_assert(sizeof(Compound) == 52);
 
-// Where lists of node ids live: blocks of 2^20 ids (4 MiB) filled one after another; a list
+// Where lists of node ids live: blocks of up to 2^20 ids (4 MiB; the first 2^10, each next
+// twice as large) filled one after another; a list
 // longer than 2^16 ids gets a block of its own. Positions are (block << 20) | offset. A list
 // that outgrows its room moves to a new run twice as large (the old run is left unused, as a
 // vector's old buffer would be freed: at most as much again as the lists hold).
@@ -89,6 +90,7 @@ class IdArena {
   static constexpr uint32_t kBlockBits = 20;
   static constexpr uint32_t kBlockIds = 1u << kBlockBits;
   static constexpr uint32_t kOwnBlock = 1u << 16;
+  static constexpr uint32_t kFirstBlockIds = 1u << 10;
   NodeId* At(uint32_t pos) const {
     return const_cast<NodeId*>(blocks_[pos >> kBlockBits].data()) + (pos & (kBlockIds - 1));
   }

@@ -106,8 +106,7 @@ std::string Archive::TryDecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) c
 
 void Archive::DecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
   std::string error = TryDecodeChunk(coder, k, dst);
-  if (!error.empty())
-    Fail("{}: {}: {}: the archive is damaged", name_, DescribeChunk(k), error);
+  if (!error.empty()) Fail("{}: {}: {}: the archive is damaged", name_, DescribeChunk(k), error);
 }
 
 }  // namespace ckpt::ckz

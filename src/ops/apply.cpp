@@ -18,6 +18,7 @@
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
@@ -253,14 +254,6 @@ StepOutcome RunStrip(const StepContext& c) {
   return o;
 }
 
-void SyncFolderOf(const std::string& path) {
-  std::string dir = fs::path(path).parent_path().string();
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 // Converts `path` in place: into a temp file beside it (a ckptool temp name, removed by the
 // next run if this one is killed), then renamed over it when something was converted.
 ConvertResult ConvertInPlace(const std::string& path, const ConvertOptions& co) {
@@ -275,7 +268,7 @@ ConvertResult ConvertInPlace(const std::string& path, const ConvertOptions& co) 
     } else {
       if (stamp.ChangedOnDisk()) Fail("changed on disk while it was converted; left as it was");
       fs::rename(temp, path);
-      SyncFolderOf(path);
+      SyncFolder(fs::path(path).parent_path().string());
     }
   } catch (...) {
     std::error_code ec;

@@ -19,6 +19,7 @@
 #include "compress/pipeline.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
+#include "io/folders.h"
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
 
@@ -68,14 +69,6 @@ std::string StripSlashes(std::string p) {
 bool PathExists(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0;
-}
-
-void SyncFolder(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 // Where the archive's bytes go: a temp file that becomes the archive, or stdout.
@@ -486,9 +479,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       }
     }
     r.removed = !PathExists(path);
-    if (folder)
-      SyncFolder(fs::path(path).parent_path().empty() ? "."
-                                                      : fs::path(path).parent_path().string());
+    if (folder) SyncFolder(fs::path(path).parent_path().string());
   }
   return r;
 }
@@ -497,16 +488,6 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
 // Decompress.
 
 namespace {
-
-// Removes a temp folder on the way out unless it was handed on.
-struct TempFolder {
-  std::string path;
-  bool keep = false;
-  ~TempFolder() {
-    std::error_code ec;
-    if (!keep && !path.empty()) fs::remove_all(path, ec);
-  }
-};
 
 // The mode a restored entry gets: the archived permission bits without set-user-ID and
 // set-group-ID, which would turn a file from an archive into a program that runs as whoever

@@ -17,6 +17,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/file_copy.h"
+#include "io/folders.h"
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
 #include "pickle/writer.h"
@@ -47,24 +48,6 @@ std::string DropPrefix(const std::string& fqn, const StripOptions& o) {
     if (end == std::string::npos) return "";
   }
 }
-
-void SyncFolder(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-// Removes a temp folder on the way out unless it was handed on.
-struct TempFolder {
-  std::string path;
-  bool keep = false;
-  ~TempFolder() {
-    std::error_code ec;
-    if (!keep && !path.empty()) fs::remove_all(path, ec);
-  }
-};
 
 void ReplaceInt(Graph& g, NodeId obj_state, std::string_view field, uint64_t value) {
   std::span<const NodeId> pairs = g.pairs(obj_state);

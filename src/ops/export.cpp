@@ -18,6 +18,7 @@
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
+#include "io/folders.h"
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
@@ -135,12 +136,8 @@ namespace {
 // does not remove), every chunk checked as decompress checks it; the restored checkpoint is
 // exported as it would be, and the temp folder removed whatever happens.
 struct RestoredArchives {
-  std::string folder;
+  TempFolder folder;
   std::vector<std::string> sources;
-  ~RestoredArchives() {
-    std::error_code ec;
-    if (!folder.empty()) fs::remove_all(folder, ec);
-  }
 };
 
 bool AnyArchive(const std::vector<std::string>& sources) {
@@ -158,8 +155,8 @@ void Restore(const std::vector<std::string>& sources, const std::string& to, uns
   fs::path dir = out.parent_path();                  // holds the output file or folder
   fs::create_directories(dir);
   RemoveStaleTempsIn(dir.string());
-  r.folder = TempPathFor((dir / "export").string());
-  fs::create_directory(r.folder);
+  r.folder.path = TempPathFor((dir / "export").string());
+  fs::create_directory(r.folder.path);
   for (const std::string& s : sources) {
     std::error_code ec;
     if (!fs::is_regular_file(s, ec) || !ckz::IsArchiveFile(s)) {
@@ -170,7 +167,7 @@ void Restore(const std::vector<std::string>& sources, const std::string& to, uns
     name = name.empty() ? "restored" : fs::path(name).filename().string();
     DecompressOptions d;
     d.threads = threads;
-    d.output = (fs::path(r.folder) / name).string();
+    d.output = (fs::path(r.folder.path) / name).string();
     WithContext(fmt::format("{}: restoring it for export", s), [&] { DecompressArchive(s, d); });
     r.sources.push_back(d.output);
   }

@@ -1,0 +1,23 @@
+#include "io/folders.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+namespace ckpt {
+
+void SyncFolder(const std::string& path) {
+  int fd = ::open(path.empty() ? "." : path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+TempFolder::~TempFolder() {
+  std::error_code ec;
+  if (!keep && !path.empty()) std::filesystem::remove_all(path, ec);
+}
+
+}  // namespace ckpt

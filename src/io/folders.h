@@ -1,0 +1,20 @@
+// Folders as the writers use them: made durable after a rename into them, and temp folders
+// that go away unless handed on.
+#pragma once
+
+#include <string>
+
+namespace ckpt {
+
+// fsync of a folder, so that a rename or removal in it survives a crash. Errors are ignored
+// (some file systems cannot open a folder for fsync).
+void SyncFolder(const std::string& path);
+
+// Removes a temp folder (and what is in it) on the way out unless `keep` was set.
+struct TempFolder {
+  std::string path;
+  bool keep = false;
+  ~TempFolder();
+};
+
+}  // namespace ckpt

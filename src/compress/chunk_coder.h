@@ -22,8 +22,9 @@
 // rows, constant or zero-heavy tensors: data with LZ structure); otherwise it is not (zstd
 // would cost three times the plane coding's time for data where it loses by 10-30%).
 //
-// Every chunk is decoded again right after it is encoded and its CRC checked, so an archive
-// that would not restore the input is never written.
+// Encode can decode every coded plane again and compare it with the bytes it was made from
+// (compress does so for a sample of chunks: a coder that misbehaves shows at once); the
+// chunk's CRC of its original bytes is checked by every decode, after the planes are joined.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +51,9 @@ class ChunkCoder {
 
   // Encodes `src`, whose typed runs are `runs`, into `out` (chunk header, then planes).
   // chunk.file and chunk.offset are the caller's; length, crc, coding and planes are set.
-  void Encode(Bytes src, const std::vector<Run>& runs, Chunk& chunk, std::string& out);
+  // With `check`, every coded plane is decoded again and compared (throws on a difference).
+  void Encode(Bytes src, const std::vector<Run>& runs, Chunk& chunk, std::string& out,
+              bool check = true);
 
   // Decodes a chunk's stored bytes (header + planes) into dst (chunk.length bytes), checking
   // the header against the index entry and the CRC of the result. `runs` are the chunk's

@@ -36,6 +36,10 @@ namespace {
 constexpr const char* kSuffix = ".ckz";
 // Chunks in flight per thread in the ordered writer (result slots of up to ~1 MiB each).
 constexpr size_t kSlotsPerThread = 4;
+// One chunk in this many is decoded again in memory right after it is coded and compared
+// with what it was made from (chunk_coder.h). Every chunk is decoded from disk before an
+// original is removed (--rm, the policy's compress step) and by `verify`.
+constexpr size_t kCheckEvery = 16;
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
@@ -385,7 +389,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
           {
             MappedFile::Window w(*map, ch.offset, ch.length);
             coders[worker]->Encode(w.bytes(), ckz::RunsOf(e.ranges, ch.offset, ch.length), ch,
-                                   slots[slot]);
+                                   slots[slot], k % kCheckEvery == 0);
           }
           map.reset();
           in.Done();

@@ -108,6 +108,8 @@ void TorchRewrite::SerializePickle() {
   int next = 0;
   pickle::WriteOptions o;
   o.protocol = std::max(2, g.protocol);
+  // Rewritten keys and offsets rarely change the size by more than a few percent.
+  o.reserve = in_.torch->pickle_size + in_.torch->pickle_size / 8 + 4096;
   o.before_persid = [&](NodeId p) {
     auto it = owner.find(p);
     if (it == owner.end()) {
@@ -156,7 +158,7 @@ void TorchRewrite::LayOut() {
     specs.push_back({prefix + "/" + name, bytes.size()});
     records_.push_back({std::move(bytes), -1});
   };
-  add_small("data.pkl", pickle_);
+  add_small("data.pkl", std::move(pickle_));
   for (auto& [name, bytes] : before) add_small(name, std::move(bytes));
   std::vector<int32_t> by_key;
   for (size_t i = 0; i < outputs_.size(); ++i) {
@@ -197,6 +199,9 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     if (r.storage < 0) {
       out.Write(placed[i].data_offset, AsBytes(r.data));
       crcs[i] = Crc32(0, AsBytes(r.data));
+      // Written: the pickle (many MiB for 10^5 tensors) need not be held while the file is
+      // read back and verified.
+      std::string().swap(records_[i].data);
       continue;
     }
     const PlannedStorage& s = plan_.storages[r.storage];

@@ -149,15 +149,15 @@ NodeId Graph::AddCompound(Kind kind, uint64_t stream_offset) {
   NodeId id = Add(kind, stream_offset);
   if (!HasCompoundRecord(kind)) Fail("internal: a {} has no compound", KindName(kind));
   if (compounds.size() >= UINT32_MAX) Fail("too many pickle objects");
-  nodes[id].text_offset = static_cast<uint32_t>(compounds.size());
+  nodes[id].text.offset = static_cast<uint32_t>(compounds.size());
   compounds.emplace_back();
   return id;
 }
 
 void Graph::SetText(NodeId id, std::string_view text) {
   if (strings.size() + text.size() > UINT32_MAX) Fail("pickle strings exceed 4 GiB in total");
-  nodes[id].text_offset = static_cast<uint32_t>(strings.size());
-  nodes[id].text_size = static_cast<uint32_t>(text.size());
+  nodes[id].text.offset = static_cast<uint32_t>(strings.size());
+  nodes[id].text.size = static_cast<uint32_t>(text.size());
   strings.append(text);
 }
 
@@ -187,7 +187,7 @@ NodeId Graph::AddFloat(double value, uint64_t stream_offset) {
 
 NodeId Graph::AddGlobal(std::string_view module, std::string_view name, uint64_t stream_offset) {
   NodeId id = AddText(Kind::kGlobal, std::string(module) + std::string(name), stream_offset);
-  nodes[id].text_size = static_cast<uint32_t>(module.size());
+  nodes[id].text.size = static_cast<uint32_t>(module.size());
   if (name.size() > kMaxGlobalName) Fail("a global's name is longer than {} bytes", kMaxGlobalName);
   nodes[id].name_size = static_cast<uint16_t>(name.size());
   return id;
@@ -196,8 +196,8 @@ NodeId Graph::AddGlobal(std::string_view module, std::string_view name, uint64_t
 NodeId Graph::AddTuple(std::span<const NodeId> items, uint64_t stream_offset) {
   NodeId id = Add(Kind::kTuple, stream_offset);
   IdList l = ids.Make(items);
-  nodes[id].text_offset = l.pos;
-  nodes[id].text_size = l.size;
+  nodes[id].text.offset = l.pos;
+  nodes[id].text.size = l.size;
   return id;
 }
 
@@ -205,7 +205,7 @@ const Compound Graph::kEmpty{};
 
 Compound& Graph::mutable_compound(NodeId id) {
   if (!HasCompoundRecord(kind(id))) Fail("internal: a {} has no compound", KindName(kind(id)));
-  return compounds[nodes[id].text_offset];
+  return compounds[nodes[id].text.offset];
 }
 
 void Graph::SetItem(NodeId id, size_t i, NodeId value) {
@@ -220,8 +220,8 @@ void Graph::SetItems(NodeId id, std::span<const NodeId> items) {
   if (n.kind == Kind::kTuple) {
     IdList l = TupleList(n);
     ids.Assign(l, items);
-    n.text_offset = l.pos;
-    n.text_size = l.size;
+    n.text.offset = l.pos;
+    n.text.size = l.size;
     return;
   }
   ids.Assign(mutable_compound(id).items, items);

@@ -108,23 +108,29 @@ constexpr bool HasCompoundRecord(Kind k) {
          k == Kind::kObject || k == Kind::kPersId;
 }
 
-// 24 bytes: a pickle of 10^5 tensors makes millions of nodes.
+// Where a node's text or items are: an offset and a size.
+struct Span32 {
+  uint32_t offset;
+  uint32_t size;
+};
+
+// 16 bytes: a pickle of 10^5 tensors makes millions of nodes (~15 per tensor).
 struct Node {
   union {
     int64_t integer = 0;  // kInt
     double real;          // kFloat
+    // kStr/kBytes/kBigInt/kGlobal: into Graph::strings; kTuple: IdList position and number
+    // of its items; kinds with a Compound (HasCompoundRecord): offset = its index in
+    // Graph::compounds.
+    Span32 text;
   };
-  // kStr/kBytes/kBigInt/kGlobal: into Graph::strings; kTuple: IdList position of its items;
-  // kinds with a Compound (HasCompoundRecord): its index in Graph::compounds.
-  uint32_t text_offset = 0;
-  uint32_t text_size = 0;  // kTuple: number of items
   // Offset of the opcode that created the node (for messages; saturates at 4 GiB - 1).
   uint32_t stream_offset = 0;
   uint16_t name_size = 0;  // kGlobal: name follows the module text (kMaxGlobalName at most)
   Kind kind = Kind::kNone;
   bool boolean = false;
 };
-static_assert(sizeof(Node) == 24);
+static_assert(sizeof(Node) == 16);
 
 // The longest attribute name a global may have (Python's own are far shorter).
 inline constexpr size_t kMaxGlobalName = UINT16_MAX;
@@ -144,13 +150,13 @@ class Graph {
   Kind kind(NodeId id) const { return nodes[id].kind; }
   std::string_view text(NodeId id) const {
     const Node& n = nodes[id];
-    return std::string_view(strings).substr(n.text_offset, n.text_size);
+    return std::string_view(strings).substr(n.text.offset, n.text.size);
   }
   // kGlobal only.
   std::string_view global_module(NodeId id) const { return text(id); }
   std::string_view global_name(NodeId id) const {
     const Node& n = nodes[id];
-    return std::string_view(strings).substr(n.text_offset + n.text_size, n.name_size);
+    return std::string_view(strings).substr(n.text.offset + n.text.size, n.name_size);
   }
   std::string GlobalText(NodeId id) const {
     return std::string(global_module(id)) + "." + std::string(global_name(id));
@@ -162,12 +168,12 @@ class Graph {
   // Construction details (callable, args, kwargs); an empty Compound for a tuple or scalar.
   const Compound& compound(NodeId id) const {
     const Node& n = nodes[id];
-    return HasCompoundRecord(n.kind) ? compounds[n.text_offset] : kEmpty;
+    return HasCompoundRecord(n.kind) ? compounds[n.text.offset] : kEmpty;
   }
   std::span<const NodeId> items(NodeId id) const {
     const Node& n = nodes[id];
     if (n.kind == Kind::kTuple) return ids.Get(TupleList(n));
-    return HasCompoundRecord(n.kind) ? ids.Get(compounds[n.text_offset].items)
+    return HasCompoundRecord(n.kind) ? ids.Get(compounds[n.text.offset].items)
                                      : std::span<const NodeId>();
   }
   std::span<const NodeId> pairs(NodeId id) const { return ids.Get(compound(id).pairs); }
@@ -215,7 +221,7 @@ class Graph {
   void SetText(NodeId id, std::string_view text);
 
  private:
-  static IdList TupleList(const Node& n) { return IdList{n.text_offset, n.text_size, n.text_size}; }
+  static IdList TupleList(const Node& n) { return IdList{n.text.offset, n.text.size, n.text.size}; }
   static const Compound kEmpty;
 };
 

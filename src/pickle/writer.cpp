@@ -22,6 +22,7 @@ class Writer {
   std::string Run(NodeId root) {
     if (o_.protocol < 2 || o_.protocol > 5) Fail("cannot write pickle protocol {}", o_.protocol);
     CountRefs(root);
+    out_.reserve(o_.reserve);
     Op(op::kProto);
     out_.push_back(static_cast<char>(o_.protocol));
     Save(root, 0);

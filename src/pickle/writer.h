@@ -22,6 +22,10 @@ struct WriteOptions {
   // Called right before a persistent id is written (lets a caller number storages in the
   // order the stream first refers to them, as torch does).
   std::function<void(NodeId persid)> before_persid;
+  // Bytes to reserve for the output up front (e.g. the size of the pickle the graph was read
+  // from): a stream of many MiB then grows without its doubling copies. Reserved pages that
+  // are never written cost address space, not memory.
+  size_t reserve = 0;
 };
 
 std::string Write(Graph& graph, NodeId root, const WriteOptions& options = {});

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "base/names.h"
@@ -213,10 +214,29 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   // Group identical views; every group is written once under its first name in sort order.
   std::vector<ExportedTensor> items;
   std::map<std::string, std::string> aliases;  // alias -> kept
+  size_t all_tensors = 0;
+  for (const auto& f : files) all_tensors += f->torch->model.tensors.size();
+  items.reserve(all_tensors);
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const torch::Model& m = files[fi]->torch->model;
-    std::map<std::tuple<int32_t, uint64_t, int, std::vector<int64_t>, std::vector<int64_t>>, size_t>
-        groups;
+    // Views with the same storage, start, dtype, shape and stride are one group, found by
+    // hashing those fields of the tensor table (no copy of them per tensor).
+    auto same_view = [&m](size_t a, size_t b) {
+      const torch::Tensor& x = m.tensors[a];
+      const torch::Tensor& y = m.tensors[b];
+      return x.storage == y.storage && x.byte_begin == y.byte_begin && x.dtype == y.dtype &&
+             x.shape == y.shape && x.stride == y.stride;
+    };
+    auto view_hash = [&m](size_t i) {
+      const torch::Tensor& t = m.tensors[i];
+      uint64_t h = std::hash<uint64_t>()(t.byte_begin) ^ (uint64_t(uint32_t(t.storage)) << 32) ^
+                   (uint64_t(t.dtype) << 24);
+      for (int64_t v : t.shape) h = h * 1000003 ^ std::hash<int64_t>()(v);
+      for (int64_t v : t.stride) h = h * 1000003 ^ std::hash<int64_t>()(v);
+      return static_cast<size_t>(h);
+    };
+    std::unordered_map<size_t, size_t, decltype(view_hash), decltype(same_view)> groups(
+        m.tensors.size(), view_hash, same_view);  // tensor index -> index into items
     for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
       const torch::Tensor& t = m.tensors[ti];
       std::vector<std::string> names;
@@ -233,9 +253,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
       std::string_view st_dtype = torch::Info(t.dtype).safetensors;
       if (st_dtype.empty())
         Fail("tensor '{}': safetensors has no {} dtype", shown, torch::Name(t.dtype));
-      auto key =
-          std::make_tuple(t.storage, t.byte_begin, static_cast<int>(t.dtype), t.shape, t.stride);
-      auto [g, fresh] = groups.emplace(key, items.size());
+      auto [g, fresh] = groups.emplace(ti, items.size());
       if (fresh) {
         ExportedTensor it;
         it.file = fi;
@@ -261,6 +279,9 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
       }
     }
   }
+  // From here on only the tensor table and the mapped bytes are read: the object graph (most
+  // of a model's memory at 10^5 tensors) goes before the output is written and read back.
+  for (const auto& f : files) f->torch->model.graph = pickle::Graph();
   for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
     while (aliases.count(kept)) kept = aliases[kept];
   }

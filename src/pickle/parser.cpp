@@ -1,5 +1,6 @@
 #include "pickle/parser.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -16,7 +17,12 @@ namespace {
 
 class Parser {
  public:
-  Parser(Bytes data, uint64_t base, const Limits& limits) : c_(data, base), limits_(limits) {}
+  Parser(Bytes data, uint64_t base, const Limits& limits) : c_(data, base), limits_(limits) {
+    // Text is copied out of the stream at most once per opcode: reserving the stream's size
+    // (capped: a legacy file's span runs to its end) spares the doubling copies of a text of
+    // many MiB. Pages never written stay address space, not memory.
+    g_.strings.reserve(std::min<size_t>(data.size(), size_t{256} << 20));
+  }
 
   ParseResult Run() {
     for (;;) {

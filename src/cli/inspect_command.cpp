@@ -55,7 +55,8 @@ int RunInspect(const InspectCliOptions& o) {
   for (const std::string& path : files) {
     try {
       CheckpointFile f = OpenCheckpoint(path);
-      FileReport r = BuildReport(f);
+      // Text lists the largest o.top rows; JSON every row.
+      FileReport r = BuildReport(f, o.json ? SIZE_MAX : o.top);
       if (o.json) {
         doc["files"].push_back(RenderJson(r));
       } else {

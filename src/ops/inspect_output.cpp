@@ -59,9 +59,8 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   }
   out += fmt::format("    {:<28} {:>12} {:>7}\n", "TOTAL", HumanBytes(r.file_bytes), "100.0%");
 
-  std::string names = r.tensors.size() == r.distinct_tensors
-                          ? ""
-                          : fmt::format(" under {} names", r.tensors.size());
+  std::string names =
+      r.tensor_names == r.distinct_tensors ? "" : fmt::format(" under {} names", r.tensor_names);
   out += fmt::format(
       "\n  {} tensors{} ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
       r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storages.size(),
@@ -81,7 +80,7 @@ std::string RenderText(const FileReport& r, size_t top_n) {
     std::stable_sort(rows.begin(), rows.end(),
                      [](const TensorRow* a, const TensorRow* b) { return a->bytes > b->bytes; });
     size_t n = std::min(top_n, rows.size());
-    out += fmt::format("\n  LARGEST TENSORS (top {} of {})\n", n, rows.size());
+    out += fmt::format("\n  LARGEST TENSORS (top {} of {})\n", n, r.tensor_names);
     for (size_t i = 0; i < n; ++i) {
       const TensorRow& t = *rows[i];
       out += fmt::format("    {:>12}  {:<9} {:<20} {}{}\n", HumanBytes(t.bytes), t.dtype,

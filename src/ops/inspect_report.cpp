@@ -44,6 +44,21 @@ void AddBytes(FileReport& r, const std::string& label, uint64_t bytes) {
   r.byte_map.emplace_back(label, bytes);
 }
 
+// The `keep` largest rows, ties in the order they were added (what the text report lists).
+void PruneRows(std::vector<TensorRow>& rows, size_t keep) {
+  if (rows.size() <= keep) return;
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const TensorRow& a, const TensorRow& b) { return a.bytes > b.bytes; });
+  rows.resize(keep);
+}
+
+void AddRow(FileReport& r, TensorRow&& row, size_t keep) {
+  r.tensor_names++;
+  r.tensors.push_back(std::move(row));
+  // Pruned in batches: amortized O(log keep) per row.
+  if (keep != SIZE_MAX && r.tensors.size() >= 2 * keep + 64) PruneRows(r.tensors, keep);
+}
+
 // The rows of a rollup, found by key in constant time.
 class RollupIndex {
  public:
@@ -67,7 +82,7 @@ void FinishByteMap(FileReport& r) {
                    [](const auto& a, const auto& b) { return a.second > b.second; });
 }
 
-void FromTorch(const CheckpointFile& f, FileReport& r) {
+void FromTorch(const CheckpointFile& f, FileReport& r, size_t keep) {
   const torch::TorchFile& tf = *f.torch;
   const torch::Model& m = tf.model;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
@@ -83,7 +98,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
   std::vector<bool> has_top(m.storages.size(), false);
   size_t rows = 0;
   for (const torch::Tensor& t : m.tensors) rows += t.names.size();
-  r.tensors.reserve(rows);
+  r.tensors.reserve(keep == SIZE_MAX ? rows : std::min(rows, 2 * keep + 64));
   for (const torch::Tensor& t : m.tensors) {
     uint64_t es = torch::ElementSize(t.dtype);
     uint64_t bytes = CheckedMul(t.numel, es);
@@ -114,7 +129,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
       row.offset = static_cast<uint64_t>(t.offset);
       row.bytes = bytes;
       row.requires_grad = t.requires_grad;
-      r.tensors.push_back(std::move(row));
+      AddRow(r, std::move(row), keep);
     }
   }
   const zip::Archive* archive = tf.archive ? &*tf.archive : nullptr;
@@ -169,7 +184,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r) {
   }
 }
 
-void FromSafetensors(const CheckpointFile& f, FileReport& r) {
+void FromSafetensors(const CheckpointFile& f, FileReport& r, size_t keep) {
   const safetensors::File& st = *f.st;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.metadata = st.metadata;
@@ -186,7 +201,7 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r) {
       row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
     row.storage = e.name;
     row.bytes = bytes;
-    r.tensors.push_back(row);
+    AddRow(r, std::move(row), keep);
     StorageRow s;
     s.key = e.name;
     s.dtype = e.torch_dtype;
@@ -212,13 +227,14 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r) {
 
 }  // namespace
 
-FileReport BuildReport(const CheckpointFile& f) {
+FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
   FileReport r;
   r.path = f.path;
   r.format = f.format;
   r.file_bytes = f.map.size();
-  if (f.torch) FromTorch(f, r);
-  if (f.st) FromSafetensors(f, r);
+  if (f.torch) FromTorch(f, r, keep_rows);
+  if (f.st) FromSafetensors(f, r, keep_rows);
+  if (keep_rows != SIZE_MAX) PruneRows(r.tensors, keep_rows);
   r.wasted_bytes = r.storage_bytes - r.used_bytes;
   FinishByteMap(r);
   uint64_t data = 0;

@@ -70,7 +70,10 @@ struct FileReport {
   uint64_t metadata_bytes = 0;    // everything in the file that is not storage data
   // Labelled byte ranges of the file; their sizes add up to file_bytes exactly.
   std::vector<std::pair<std::string, uint64_t>> byte_map;
-  std::vector<TensorRow> tensors;  // one row per name (a tensor reachable twice is listed twice)
+  // One row per name (a tensor reachable twice is listed twice); with a row limit, only the
+  // largest rows (ties in file order), while tensor_names counts them all.
+  std::vector<TensorRow> tensors;
+  uint64_t tensor_names = 0;
   std::vector<StorageRow> storages;
   std::vector<Rollup> by_dtype;
   std::vector<Rollup> by_key;
@@ -81,6 +84,8 @@ struct FileReport {
   std::map<std::string, std::string> metadata;  // safetensors __metadata__
 };
 
-FileReport BuildReport(const CheckpointFile& file);
+// keep_rows: how many tensor rows to keep (the largest); the text report lists only the top
+// few, and at 10^5 tensors a row per name would cost as much memory as the model.
+FileReport BuildReport(const CheckpointFile& file, size_t keep_rows = SIZE_MAX);
 
 }  // namespace ckpt

@@ -1,10 +1,12 @@
 #include "torch/torch_file.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -571,6 +573,62 @@ TEST(InspectReport, ByteMapAddsUpToTheFileSize) {
     for (const Rollup& k : r.by_key) key_sum += k.storage_bytes;
     EXPECT_EQ(key_sum, r.storage_bytes) << name;
   }
+}
+
+TEST(InspectReport, RowLimitKeepsTheLargestRowsInFileOrder) {
+  for (const char* name : {"small.pt", "small_legacy.pt", "small.safetensors"}) {
+    CheckpointFile f = OpenCheckpoint(std::string(CKPT_FIXTURES_DIR) + "/" + name);
+    FileReport all = BuildReport(f);
+    ASSERT_GE(all.tensors.size(), 3u) << name;
+    EXPECT_EQ(all.tensor_names, all.tensors.size()) << name;
+    // What the text report shows: rows by size, ties in file order.
+    std::vector<TensorRow> expect = all.tensors;
+    std::stable_sort(expect.begin(), expect.end(),
+                     [](const TensorRow& a, const TensorRow& b) { return a.bytes > b.bytes; });
+    for (size_t keep : {size_t{1}, size_t{2}, all.tensors.size() - 1}) {
+      FileReport r = BuildReport(f, keep);
+      EXPECT_EQ(r.tensor_names, all.tensors.size()) << name;
+      EXPECT_EQ(r.distinct_tensors, all.distinct_tensors) << name;
+      ASSERT_EQ(r.tensors.size(), keep) << name;
+      std::vector<TensorRow> got = r.tensors;
+      std::stable_sort(got.begin(), got.end(),
+                       [](const TensorRow& a, const TensorRow& b) { return a.bytes > b.bytes; });
+      for (size_t i = 0; i < keep; ++i) {
+        EXPECT_EQ(got[i].name, expect[i].name) << name << " row " << i;
+        EXPECT_EQ(got[i].bytes, expect[i].bytes) << name << " row " << i;
+      }
+    }
+  }
+}
+
+TEST(InspectReport, RowLimitOverManyTensorsMatchesTheFullReport) {
+  // 300 tensors of 1..13 floats (many ties): rows are pruned in batches while they are added.
+  std::string header = "{", data;
+  for (int i = 0; i < 300; ++i) {
+    size_t n = static_cast<size_t>((i * 7919) % 13 + 1) * 4;
+    header += fmt::format("{}\"t{}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          i ? "," : "", i, n / 4, data.size(), data.size() + n);
+    data.append(n, '\0');
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';
+  std::string file;
+  AppendLE<uint64_t>(file, header.size());
+  file += header + data;
+  std::string path = testing::TempDir() + "/many_rows.safetensors";
+  std::ofstream(path, std::ios::binary) << file;
+  CheckpointFile f = OpenCheckpoint(path);
+  FileReport all = BuildReport(f);
+  ASSERT_EQ(all.tensors.size(), 300u);
+  std::stable_sort(all.tensors.begin(), all.tensors.end(),
+                   [](const TensorRow& a, const TensorRow& b) { return a.bytes > b.bytes; });
+  FileReport r = BuildReport(f, 20);
+  EXPECT_EQ(r.tensor_names, 300u);
+  ASSERT_EQ(r.tensors.size(), 20u);
+  std::stable_sort(r.tensors.begin(), r.tensors.end(),
+                   [](const TensorRow& a, const TensorRow& b) { return a.bytes > b.bytes; });
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(r.tensors[i].name, all.tensors[i].name) << i;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -52,11 +52,24 @@ void PruneRows(std::vector<TensorRow>& rows, size_t keep) {
   rows.resize(keep);
 }
 
-void AddRow(FileReport& r, TensorRow&& row, size_t keep) {
-  r.tensor_names++;
+// Rows kept under a limit: the largest so far, and what a row must exceed to be kept (once
+// `keep` rows came before it with at least its size, it cannot be among the largest).
+struct RowKeeper {
+  size_t keep = SIZE_MAX;
+  uint64_t must_exceed = 0;
+  bool full = false;
+  // Is a row of this size worth building?
+  bool Wanted(uint64_t bytes) const { return !full || bytes > must_exceed; }
+};
+
+void AddRow(FileReport& r, TensorRow&& row, RowKeeper& k) {
   r.tensors.push_back(std::move(row));
   // Pruned in batches: amortized O(log keep) per row.
-  if (keep != SIZE_MAX && r.tensors.size() >= 2 * keep + 64) PruneRows(r.tensors, keep);
+  if (k.keep != SIZE_MAX && r.tensors.size() >= 2 * k.keep + 64) {
+    PruneRows(r.tensors, k.keep);
+    k.full = true;
+    k.must_exceed = r.tensors.empty() ? UINT64_MAX : r.tensors.back().bytes;
+  }
 }
 
 // The rows of a rollup, found by key in constant time.
@@ -82,7 +95,8 @@ void FinishByteMap(FileReport& r) {
                    [](const auto& a, const auto& b) { return a.second > b.second; });
 }
 
-void FromTorch(const CheckpointFile& f, FileReport& r, size_t keep) {
+void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
+  size_t keep = keeper.keep;
   const torch::TorchFile& tf = *f.torch;
   const torch::Model& m = tf.model;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
@@ -119,6 +133,8 @@ void FromTorch(const CheckpointFile& f, FileReport& r, size_t keep) {
       }
     }
     for (const std::string& name : t.names) {
+      r.tensor_names++;
+      if (!keeper.Wanted(bytes)) continue;
       TensorRow row;
       row.name = name;
       row.dtype = std::string(torch::Name(t.dtype));
@@ -129,7 +145,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r, size_t keep) {
       row.offset = static_cast<uint64_t>(t.offset);
       row.bytes = bytes;
       row.requires_grad = t.requires_grad;
-      AddRow(r, std::move(row), keep);
+      AddRow(r, std::move(row), keeper);
     }
   }
   const zip::Archive* archive = tf.archive ? &*tf.archive : nullptr;
@@ -184,24 +200,27 @@ void FromTorch(const CheckpointFile& f, FileReport& r, size_t keep) {
   }
 }
 
-void FromSafetensors(const CheckpointFile& f, FileReport& r, size_t keep) {
+void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
   const safetensors::File& st = *f.st;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.metadata = st.metadata;
   AddBytes(r, "safetensors header", st.data_offset);
   for (const safetensors::TensorEntry& e : st.tensors) {
     uint64_t bytes = e.end - e.begin;
-    TensorRow row;
-    row.name = e.name;
-    row.dtype = e.torch_dtype;
-    row.kind = "tensor";
-    row.shape = e.shape;
-    row.stride.assign(e.shape.size(), 1);
-    for (size_t i = e.shape.size(); i-- > 1;)
-      row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
-    row.storage = e.name;
-    row.bytes = bytes;
-    AddRow(r, std::move(row), keep);
+    r.tensor_names++;
+    if (keeper.Wanted(bytes)) {
+      TensorRow row;
+      row.name = e.name;
+      row.dtype = e.torch_dtype;
+      row.kind = "tensor";
+      row.shape = e.shape;
+      row.stride.assign(e.shape.size(), 1);
+      for (size_t i = e.shape.size(); i-- > 1;)
+        row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
+      row.storage = e.name;
+      row.bytes = bytes;
+      AddRow(r, std::move(row), keeper);
+    }
     StorageRow s;
     s.key = e.name;
     s.dtype = e.torch_dtype;
@@ -232,8 +251,10 @@ FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
   r.path = f.path;
   r.format = f.format;
   r.file_bytes = f.map.size();
-  if (f.torch) FromTorch(f, r, keep_rows);
-  if (f.st) FromSafetensors(f, r, keep_rows);
+  RowKeeper keeper;
+  keeper.keep = keep_rows;
+  if (f.torch) FromTorch(f, r, keeper);
+  if (f.st) FromSafetensors(f, r, keeper);
   if (keep_rows != SIZE_MAX) PruneRows(r.tensors, keep_rows);
   r.wasted_bytes = r.storage_bytes - r.used_bytes;
   FinishByteMap(r);

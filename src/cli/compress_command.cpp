@@ -2,8 +2,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 
@@ -41,6 +43,55 @@ void Say(bool to_stderr, const std::string& line) {
     std::fprintf(stderr, "%s\n", Printable(line).c_str());
   } else {
     std::cout << Printable(line) << "\n";
+  }
+}
+
+// What compress and decompress share: this rank's paths run one at a time (each with every
+// thread) under one progress line; each failure is one error naming its path (in the JSON
+// report too) and sets the exit code to 1. Rank 0 reports every path in input order: a single
+// process as soon as each is done, an MPI job once every rank's results are in. Returns false
+// on the other ranks, which have nothing to print.
+template <typename R>
+bool RunPaths(const std::vector<std::string>& paths, Spread& spread, const char* label,
+              uint64_t total, bool progress_on, std::vector<R>& results, int& rc,
+              nlohmann::ordered_json& doc, bool json,
+              const std::function<R(size_t, std::atomic<uint64_t>*)>& work,
+              const std::function<void(const R&)>& report_done) {
+  std::vector<std::string> errors(paths.size());
+  const bool live = !cluster::Distributed();
+  auto report = [&](size_t i) {
+    if (!errors[i].empty()) {
+      rc = 1;
+      PrintError(NamingFile(paths[i], errors[i]));
+      if (json) doc["files"].push_back({{"input", paths[i]}, {"error", errors[i]}});
+      return;
+    }
+    report_done(results[i]);
+  };
+  {
+    Progress progress(label, total, progress_on);
+    for (size_t i : spread.mine()) {
+      try {
+        results[i] = work(i, &progress.bytes_done());
+        progress.FileDone();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+      if (live) report(i);
+    }
+  }
+  spread.Gather(errors, results);
+  if (!spread.reports()) return false;
+  for (size_t i = 0; i < paths.size() && !live; ++i) report(i);
+  return true;
+}
+
+// The JSON report goes to stdout, or to stderr when stdout carries the data (-c).
+void PrintDoc(const nlohmann::ordered_json& doc, bool to_stdout) {
+  if (to_stdout) {
+    std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
+  } else {
+    PrintJson(doc);
   }
 }
 
@@ -88,23 +139,11 @@ int RunCompress(const CompressCliOptions& o) {
   // thread; rank 0 reports.
   Spread spread(o.paths, sizes);
   std::vector<CompressResult> results(o.paths.size());
-  std::vector<std::string> errors(o.paths.size());
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
-  const bool live = !cluster::Distributed();
-  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
-  // Rank 0 reports each path, in input order: a single process as soon as it is done, an
-  // MPI job once every rank's results are in.
-  auto report = [&](size_t i) {
-    const std::string& path = o.paths[i];
-    if (!errors[i].empty()) {
-      rc = 1;
-      PrintError(NamingFile(path, errors[i]));
-      if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
-      return;
-    }
-    const CompressResult& r = results[i];
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
+  auto report = [&](const CompressResult& r) {
     before += r.before;
     after += r.after;
     for (const std::string& w : r.warnings)
@@ -129,30 +168,17 @@ int RunCompress(const CompressCliOptions& o) {
                       r.removed ? " (original removed)" : ""));
     }
   };
-  {
-    Progress progress("compress", total, progress_on);
-    co.bytes_done = &progress.bytes_done();
-    for (size_t i : spread.mine()) {
-      try {
-        results[i] = CompressPath(o.paths[i], co);
-        progress.FileDone();
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-      if (live) report(i);
-    }
-  }
-  spread.Gather(errors, results);
-  if (!spread.reports()) return 0;  // rank 0 reports for every rank
-  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
+  auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
+    co.bytes_done = bytes_done;
+    return CompressPath(o.paths[i], co);
+  };
+  if (!RunPaths<CompressResult>(o.paths, spread, "compress", total, progress_on, results, rc, doc,
+                                o.json, work, report))
+    return 0;  // rank 0 reports for every rank
   if (o.json) {
     doc["before"] = before;
     doc["after"] = after;
-    if (o.to_stdout) {
-      std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
-    } else {
-      PrintJson(doc);
-    }
+    PrintDoc(doc, o.to_stdout);
   }
   return rc;
 }
@@ -180,8 +206,7 @@ int RunDecompress(const DecompressCliOptions& o) {
   for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
   Spread spread(o.paths, sizes);
   uint64_t total = 0;
-  const bool live = !cluster::Distributed();
-  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && live;
+  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
   for (size_t i : spread.mine()) {
     if (!progress_on) break;
     try {
@@ -192,20 +217,9 @@ int RunDecompress(const DecompressCliOptions& o) {
     }
   }
   std::vector<DecompressResult> results(o.paths.size());
-  std::vector<std::string> errors(o.paths.size());
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  // Rank 0 reports each archive, in input order: a single process as soon as it is done, an
-  // MPI job once every rank's results are in.
-  auto report = [&](size_t i) {
-    const std::string& path = o.paths[i];
-    if (!errors[i].empty()) {
-      rc = 1;
-      PrintError(NamingFile(path, errors[i]));
-      if (o.json) doc["files"].push_back({{"input", path}, {"error", errors[i]}});
-      return;
-    }
-    const DecompressResult& r = results[i];
+  auto report = [&](const DecompressResult& r) {
     if (o.json) {
       doc["files"].push_back({{"input", r.input},
                               {"output", r.output},
@@ -221,29 +235,14 @@ int RunDecompress(const DecompressCliOptions& o) {
                       r.removed ? " (archive removed)" : ""));
     }
   };
-  {
-    Progress progress("decompress", total, progress_on);
-    d.bytes_done = &progress.bytes_done();
-    for (size_t i : spread.mine()) {
-      try {
-        results[i] = DecompressArchive(o.paths[i], d);
-        progress.FileDone();
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-      if (live) report(i);
-    }
-  }
-  spread.Gather(errors, results);
-  if (!spread.reports()) return 0;  // rank 0 reports for every rank
-  for (size_t i = 0; i < o.paths.size() && !live; ++i) report(i);
-  if (o.json) {
-    if (o.to_stdout) {
-      std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
-    } else {
-      PrintJson(doc);
-    }
-  }
+  auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
+    d.bytes_done = bytes_done;
+    return DecompressArchive(o.paths[i], d);
+  };
+  if (!RunPaths<DecompressResult>(o.paths, spread, "decompress", total, progress_on, results, rc,
+                                  doc, o.json, work, report))
+    return 0;  // rank 0 reports for every rank
+  if (o.json) PrintDoc(doc, o.to_stdout);
   return rc;
 }
 

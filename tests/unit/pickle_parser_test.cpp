@@ -10,6 +10,7 @@ namespace ckpt::pickle {
 namespace {
 
 using test::B;
+using test::OrderedDictWithState;
 using test::P;
 
 Graph ParseBytes(const std::string& s, const Limits& limits = {}) {
@@ -122,27 +123,7 @@ TEST(PickleParser, StackGlobalProtocol4WithFramesAndMemoize) {
 }
 
 TEST(PickleParser, DictsSetsAndObjectsWithState) {
-  // OrderedDict() with SETITEMS and a BUILD state dict, a set via ADDITEMS.
-  std::string s = P().proto(4)
-                      .global("collections", "OrderedDict")
-                      .op(')')
-                      .op('R')
-                      .mark()
-                      .str("a")
-                      .bin_int(1)
-                      .str("b")
-                      .bin_int(2)
-                      .op('u')
-                      .op('}')
-                      .str("_metadata")
-                      .op(0x8f)
-                      .mark()
-                      .bin_int(3)
-                      .op(0x90)
-                      .op('s')
-                      .op('b')
-                      .stop()
-                      .bytes();
+  std::string s = OrderedDictWithState(2);
   Graph g = ParseBytes(s);
   ASSERT_EQ(g.kind(g.root), Kind::kObject);
 

@@ -13,6 +13,7 @@ namespace ckpt::pickle {
 namespace {
 
 using test::B;
+using test::OrderedDictWithState;
 using test::P;
 
 WriteOptions Proto(int protocol) {
@@ -36,26 +37,7 @@ TEST(PickleWriter, RoundTripsScalarsAndContainers) {
       "(I42\nI01\nL-7L\nF1.5\nS'a\\nb'\nVcaf\\u00e9\nN"
       "t.");
   ExpectRoundTrip(std::string("\x80\x02\x8a\x0a\x00\x00\x00\x00\x00\x00\x00\x00\x40\x00.", 15));
-  ExpectRoundTrip(P().proto(4)
-                      .global("collections", "OrderedDict")
-                      .op(')')
-                      .op('R')
-                      .mark()
-                      .str("a")
-                      .bin_int(1)
-                      .str("b")
-                      .bin_int(-70000)
-                      .op('u')
-                      .op('}')
-                      .str("_metadata")
-                      .op(0x8f)
-                      .mark()
-                      .bin_int(3)
-                      .op(0x90)
-                      .op('s')
-                      .op('b')
-                      .stop()
-                      .bytes());
+  ExpectRoundTrip(OrderedDictWithState(-70000));
   // Big ints of every size class.
   for (int64_t v : std::vector<int64_t>{0, 255, 256, 65535, 65536, -1, 2147483647, 2147483648,
                                         -2147483649, INT64_MAX, INT64_MIN}) {

@@ -213,4 +213,30 @@ inline P& PushTensor(P& p, int32_t numel, int32_t offset, int32_t size,
       .op('R');
 }
 
+// Protocol 4: OrderedDict() with SETITEMS {"a": 1, "b": b} and a BUILD state dict
+// {"_metadata": {3}} (a set via ADDITEMS).
+inline std::string OrderedDictWithState(int32_t b) {
+  return P()
+      .proto(4)
+      .global("collections", "OrderedDict")
+      .op(')')
+      .op('R')
+      .mark()
+      .str("a")
+      .bin_int(1)
+      .str("b")
+      .bin_int(b)
+      .op('u')
+      .op('}')
+      .str("_metadata")
+      .op(0x8f)
+      .mark()
+      .bin_int(3)
+      .op(0x90)
+      .op('s')
+      .op('b')
+      .stop()
+      .bytes();
+}
+
 }  // namespace ckpt::test

@@ -53,9 +53,6 @@ void PrintError(const std::string& message) {
 
 namespace {
 
-// Sharded checkpoints are folders of many files, each kept open and mapped while it is read
-// (a 1024-rank torch.distributed.checkpoint holds 1024+ .distcp files): the soft limit on
-// open files, often 1024, goes up to the hard limit.
 // Memory at 10^5 tensors. glibc raises its mmap threshold each time a large block is freed, after
 // which the big temporary arrays of a run over 10^5 tensors (the pickle writer's memo, a second
 // model read back for verification) come from the heap, whose top is not given back: peak RSS grew
@@ -70,6 +67,9 @@ void TuneMalloc() {
 #endif
 }
 
+// Sharded checkpoints are folders of many files, each kept open and mapped while it is read
+// (a 1024-rank torch.distributed.checkpoint holds 1024+ .distcp files): the soft limit on
+// open files, often 1024, goes up to the hard limit.
 void RaiseOpenFileLimit() {
   rlimit r{};
   if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {

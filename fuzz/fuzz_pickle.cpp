@@ -3,7 +3,8 @@
 //
 // Oracle: whatever graph the parser accepts, the writer either refuses (a ckpt::Error: a
 // value the protocol cannot hold, nesting too deep...) or writes a pickle that parses back to
-// the same graph (pickle::CompareGraphs: kinds, values and sharing). A written pickle that
+// the same graph (pickle::CompareGraphs: kinds, values and sharing) with the same digest
+// (pickle::DigestGraph, which the rewriters check their read-back with). A written pickle that
 // does not parse, or parses differently, aborts: that is a writer (or parser) bug.
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "base/error.h"
 #include "pickle/graph_compare.h"
+#include "pickle/graph_digest.h"
 #include "pickle/parser.h"
 #include "pickle/writer.h"
 #include "torch/model.h"
@@ -45,6 +47,9 @@ void RoundTrip(ckpt::pickle::Graph& graph, int protocol) {
   }
   std::string diff = ckpt::pickle::CompareGraphs(graph, graph.root, back, back.root);
   if (!diff.empty()) Mismatch(protocol, diff);
+  if (ckpt::pickle::DigestGraph(graph, graph.root) != ckpt::pickle::DigestGraph(back, back.root)) {
+    Mismatch(protocol, "equal graphs with different digests");
+  }
 }
 
 }  // namespace

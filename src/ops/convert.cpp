@@ -54,7 +54,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     for (size_t j : members[c]) {
       const torch::Tensor& t = m.tensors[j];
       if (t.dtype != torch::DType::kFloat32) float32 = false;
-      (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).push_back(t.names[0]);
+      (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).emplace_back(t.names[0]);
     }
     bool typed_ok =
         src.dtype == torch::DType::kFloat32 ||
@@ -94,7 +94,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     if (rewrite.written(c)) r.storage_bytes += s.size();
     if (rewrite.overflow()[c]) {
       std::vector<std::string> names;
-      for (size_t j : members[c]) names.push_back(m.tensors[j].names[0]);
+      for (size_t j : members[c]) names.emplace_back(m.tensors[j].names[0]);
       r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",
                                        JoinNames(names), rewrite.overflow()[c]));
     }
@@ -122,7 +122,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
     p.in = &e;
     p.out = {e.name, e.dtype, e.shape, e.end - e.begin};
     if (e.dtype == "F32") {
-      if (SelectedForConversion({e.name}, e.shape.size(), o)) {
+      if (SelectedForConversion(torch::NameList{e.name}, e.shape.size(), o)) {
         p.convert = true;
         p.out.dtype = o.to == kernels::Half::kBFloat16 ? "BF16" : "F16";
         p.out.size /= 2;
@@ -197,11 +197,11 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
 
 }  // namespace
 
-bool SelectedForConversion(const std::vector<std::string>& names, size_t rank,
-                           const ConvertOptions& o) {
+bool SelectedForConversion(const torch::NameList& names, size_t rank, const ConvertOptions& o) {
   if (o.keep_1d && rank == 1) return false;
   bool only = o.only.empty();
-  for (const std::string& n : names) {
+  for (std::string_view view : names) {
+    std::string n(view);
     if (MatchesAnyGlob(o.keep, n)) return false;
     if (!only && MatchesAnyGlob(o.only, n)) only = true;
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/float_convert.h"
+#include "torch/name_list.h"
 
 namespace ckpt {
 
@@ -39,7 +40,7 @@ ConvertResult ConvertFile(const std::string& path, const std::string& output,
                           const ConvertOptions& o);
 
 // Does the tensor with these names and rank get converted under `o`?
-bool SelectedForConversion(const std::vector<std::string>& names, size_t rank,
+bool SelectedForConversion(const torch::NameList& names, size_t rank,
                            const ConvertOptions& o);
 
 }  // namespace ckpt

@@ -70,18 +70,18 @@ std::vector<std::string> SourceFiles(const std::vector<std::string>& sources) {
   return files;
 }
 
-bool UnderPrefix(const std::string& name, const std::string& prefix) {
+bool UnderPrefix(std::string_view name, const std::string& prefix) {
   return prefix.empty() || IsBelowKeyPath(name, prefix);
 }
 
-std::string Relative(const std::string& name, const std::string& prefix) {
-  return prefix.empty() ? name : name.substr(prefix.size() + 1);
+std::string Relative(std::string_view name, const std::string& prefix) {
+  return std::string(prefix.empty() ? name : name.substr(prefix.size() + 1));
 }
 
 std::string ChooseSelection(const torch::Model& m, const std::string& requested) {
   auto has = [&](const std::string& prefix) {
     for (const torch::Tensor& t : m.tensors) {
-      for (const std::string& n : t.names) {
+      for (std::string_view n : t.names) {
         if (UnderPrefix(n, prefix)) return true;
       }
     }
@@ -240,7 +240,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
       const torch::Tensor& t = m.tensors[ti];
       std::vector<std::string> names;
-      for (const std::string& n : t.names) {
+      for (std::string_view n : t.names) {
         if (UnderPrefix(n, r.selected)) names.push_back(Relative(n, r.selected));
       }
       if (names.empty()) continue;
@@ -281,7 +281,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   }
   // From here on only the tensor table and the mapped bytes are read: the object graph (most
   // of a model's memory at 10^5 tensors) goes before the output is written and read back.
-  for (const auto& f : files) f->torch->model.graph = pickle::Graph();
+  for (const auto& f : files) f->torch->model.graph.Release();
   for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
     while (aliases.count(kept)) kept = aliases[kept];
   }

@@ -121,18 +121,18 @@ void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
     Rollup& d = by_dtype[std::string(torch::Name(t.dtype))];
     d.tensors++;
     d.tensor_bytes += bytes;
-    Rollup& k = by_key[t.top_key];
+    Rollup& k = by_key[std::string(t.top_key())];
     k.tensors++;
     k.tensor_bytes += bytes;
     if (t.storage >= 0) {
       ranges[t.storage].emplace_back(t.byte_begin, t.byte_end);
       views[t.storage]++;
       if (!has_top[t.storage]) {
-        storage_top[t.storage] = t.top_key;
+        storage_top[t.storage] = t.top_key();
         has_top[t.storage] = true;
       }
     }
-    for (const std::string& name : t.names) {
+    for (std::string_view name : t.names) {
       r.tensor_names++;
       if (!keeper.Wanted(bytes)) continue;
       TensorRow row;

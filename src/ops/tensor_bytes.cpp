@@ -23,7 +23,7 @@ bool IsContiguous(const torch::Tensor& t) {
 
 void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const torch::Tensor& t,
                        const std::function<void(Bytes)>& sink) {
-  const std::string name = t.names.empty() ? "<root>" : t.names[0];
+  const std::string name(t.names.empty() ? "<root>" : t.names[0]);
   if (t.storage < 0) Fail("tensor '{}' has no storage to read", name);
   const torch::Storage& s = tf.model.storages[t.storage];
   if (!s.present || s.compressed) {

@@ -161,7 +161,7 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
       for (const auto& [alias, kept] : aliases) {
         if (kept == x.name) expected.push_back(alias);
       }
-      std::vector<std::string> got = y.names;
+      std::vector<std::string> got = y.names.strings();
       std::sort(expected.begin(), expected.end());
       std::sort(got.begin(), got.end());
       if (got != expected || y.dtype != x.dtype || y.shape != x.shape || y.storage < 0 ||

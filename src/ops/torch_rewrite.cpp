@@ -125,6 +125,8 @@ void TorchRewrite::SerializePickle() {
     }
   };
   pickle_ = pickle::Write(g, g.root, o);
+  digest_ = pickle::DigestGraph(g, g.root);
+  m.graph.Release();
 }
 
 void TorchRewrite::LayOut() {

@@ -18,6 +18,7 @@
 #include "ops/checkpoint_file.h"
 #include "ops/rewrite_plan.h"
 #include "pickle/graph.h"
+#include "pickle/graph_digest.h"
 #include "zip/zip_writer.h"
 
 namespace ckpt {
@@ -30,7 +31,9 @@ struct WriteProgress {
 
 class TorchRewrite {
  public:
-  // Rewrites `input`'s graph in place and lays out the output. Throws ckpt::Error.
+  // Rewrites `input`'s graph, serialises it and lays out the output. The graph is consumed:
+  // once serialised it is replaced by its digest (the read-back is checked against that), so
+  // a file of 10^5 tensors is never held as two graphs at once. Throws ckpt::Error.
   TorchRewrite(CheckpointFile& input, RewritePlan plan);
 
   uint64_t output_size() const { return zip_.total_size(); }
@@ -83,6 +86,7 @@ class TorchRewrite {
   RewritePlan plan_;
   std::vector<StorageOutput> outputs_;
   std::string pickle_;
+  pickle::GraphDigest digest_;  // of the rewritten graph, which is freed once serialised
   std::vector<Record> records_;
   zip::ZipPlan zip_;
   std::vector<uint64_t> overflow_;

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ckpt::pickle {
@@ -219,6 +220,13 @@ class Graph {
   void AppendState(NodeId id, NodeId state);
   // Replaces the text of a kStr/kBytes node.
   void SetText(NodeId id, std::string_view text);
+
+  // Frees every node, string and id list (assigning an empty Graph would not: a moved-into
+  // std::string keeps its buffer).
+  void Release() {
+    Graph empty;
+    std::swap(*this, empty);
+  }
 
  private:
   static IdList TupleList(const Node& n) { return IdList{n.text.offset, n.text.size, n.text.size}; }

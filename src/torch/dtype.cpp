@@ -43,7 +43,9 @@ constexpr std::array<DTypeInfo, 32> kTable = {{
 
 }  // namespace
 
-const DTypeInfo& Info(DType dtype) { return kTable[static_cast<size_t>(dtype)]; }
+const DTypeInfo& Info(DType dtype) {
+  return kTable[static_cast<size_t>(dtype)];
+}
 
 std::optional<DType> FromStorageClass(std::string_view name) {
   if (name == "TypedStorage" || name == "_LegacyStorage") return std::nullopt;
@@ -55,7 +57,7 @@ std::optional<DType> FromStorageClass(std::string_view name) {
 
 std::optional<DType> FromName(std::string_view name) {
   // Aliases torch also exposes as globals.
-  if (name == "float" ) return DType::kFloat32;
+  if (name == "float") return DType::kFloat32;
   if (name == "double") return DType::kFloat64;
   if (name == "half") return DType::kFloat16;
   if (name == "long") return DType::kInt64;
@@ -79,9 +81,15 @@ std::optional<DType> FromSafetensors(std::string_view name) {
 
 bool IsFloatingPoint(DType d) {
   switch (d) {
-    case DType::kFloat64: case DType::kFloat32: case DType::kFloat16: case DType::kBFloat16:
-    case DType::kFloat8E5M2: case DType::kFloat8E4M3FN: case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E4M3FNUZ: case DType::kFloat8E8M0FNU:
+    case DType::kFloat64:
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E8M0FNU:
       return true;
     default:
       return false;

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "pickle/graph.h"
+#include "torch/dims.h"
 #include "torch/dtype.h"
+#include "torch/name_list.h"
 
 namespace ckpt::torch {
 
@@ -29,13 +31,15 @@ struct Storage {
   pickle::NodeId first_ref = pickle::kNil;  // a persistent-id node that names this storage
 };
 
+// One row per tensor: a file of 10^5 tensors holds 10^5 of them, twice while a rewrite is
+// verified, so names and dimensions are kept compact (name_list.h, dims.h).
 struct Tensor {
-  std::vector<std::string> names;  // one per path from the root (see tensor_table.cpp)
-  std::string top_key;             // first key of the first path ("model", "optimizer"...)
-  std::string kind;                // "tensor", "parameter", "qtensor", "sparse.values", "meta"...
+  NameList names;         // one per path from the root (see tensor_table.cpp)
+  uint32_t top_size = 0;  // names[0]'s first top_size bytes are its top key (top_key())
+  std::string kind;       // "tensor", "parameter", "qtensor", "sparse.values", "meta"...
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> stride;
+  Dims shape;
+  Dims stride;
   int64_t offset = 0;    // storage_offset, in elements of dtype
   int32_t storage = -1;  // index into Model::storages; -1 if it has none
   bool requires_grad = false;
@@ -46,6 +50,11 @@ struct Tensor {
   pickle::NodeId node = pickle::kNil;  // the rebuild call in the graph (identity)
   // The argument tuple whose items 0 and 1 are the storage and the storage offset.
   pickle::NodeId args = pickle::kNil;
+
+  // First key of the first path ("model", "optimizer"...).
+  std::string_view top_key() const {
+    return names.empty() ? "" : names.front().substr(0, top_size);
+  }
 };
 
 struct Problem {

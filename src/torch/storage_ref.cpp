@@ -28,13 +28,15 @@ std::string Text(const pickle::Graph& g, NodeId id, const char* what) {
 StorageRef DecodeStorageRef(const pickle::Graph& g, NodeId persid) {
   NodeId pid = g.compound(persid).args;
   if (pid == pickle::kNil || g.kind(pid) != Kind::kTuple) {
-    Fail("persistent id is a {}, not a tuple", pid == pickle::kNil ? "nil" : pickle::KindName(g.kind(pid)));
+    Fail("persistent id is a {}, not a tuple",
+         pid == pickle::kNil ? "nil" : pickle::KindName(g.kind(pid)));
   }
   const auto& t = g.items(pid);
   if (t.empty() || g.kind(t[0]) != Kind::kStr || g.text(t[0]) != "storage") {
     Fail("persistent id is not a ('storage', ...) tuple");
   }
-  if (t.size() != 5 && t.size() != 6) Fail("persistent id has {} fields, expected 5 or 6", t.size());
+  if (t.size() != 5 && t.size() != 6)
+    Fail("persistent id has {} fields, expected 5 or 6", t.size());
   StorageRef r;
   if (g.kind(t[1]) != Kind::kGlobal) Fail("persistent id storage type is not a class");
   std::string_view cls = g.global_name(t[1]);

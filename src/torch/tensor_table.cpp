@@ -21,6 +21,7 @@
 // object attributes (BUILD state) by name, joined with '.'.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -177,7 +178,7 @@ class TensorCollector final : private PathWalker::Client {
     size_t tensors = m_.tensors.size(), problems = m_.problems.size() + suppressed_;
     NodeId args = g_.compound(obj).args;
     // Components of a composite tensor are recorded under the composite's top key.
-    std::string outer_top = std::exchange(top_, std::string(w_.top_key()));
+    size_t outer_top = std::exchange(top_, w_.top_key().size());
     bool recognized = Recognize(fn, args, obj, "tensor");
     top_ = std::move(outer_top);
     if (recognized && m_.tensors.size() == tensors && m_.problems.size() + suppressed_ > problems) {
@@ -287,7 +288,7 @@ class TensorCollector final : private PathWalker::Client {
 
   void Note(const std::string& what) { m_.notes.push_back(fmt::format("{}: {}", Where(), what)); }
 
-  bool IntList(NodeId id, std::vector<int64_t>& out) {
+  bool IntList(NodeId id, Dims& out) {
     if (id == kNil) return false;
     // torch.Size((...)) pickles as a call of torch.Size on a tuple.
     if (g_.kind(id) == Kind::kObject && g_.IsCallOf(id, "torch", "Size")) id = g_.Arg(id, 0);
@@ -323,7 +324,7 @@ class TensorCollector final : private PathWalker::Client {
         IntList(a[at + 1], t.stride);
       }
     }
-    t.top_key = top_;
+    t.top_size = static_cast<uint32_t>(std::min(top_, t.names.front().size()));
     m_.tensors.push_back(std::move(t));
   }
 
@@ -382,7 +383,7 @@ class TensorCollector final : private PathWalker::Client {
       t.requires_grad = g_.at(a[rg_at]).boolean;
     }
     if (!Extent(t, ref, where)) return;
-    t.top_key = top_;
+    t.top_size = static_cast<uint32_t>(std::min(top_, t.names.front().size()));
     m_.tensors.push_back(std::move(t));
   }
 
@@ -440,7 +441,7 @@ class TensorCollector final : private PathWalker::Client {
   std::unordered_set<NodeId> bare_seen_;          // storage ids outside tensors, recorded
   uint64_t suppressed_ = 0;
   std::unordered_set<NodeId> failed_;
-  std::string top_;  // top key of the tensor being recognised
+  size_t top_ = 0;  // size of the top key of the tensor being recognised (a prefix of its path)
 };
 
 // The same rebuild node reached by several paths is one tensor with several names.
@@ -456,7 +457,7 @@ void MergeByNode(Model& m) {
       if (kept != r) m.tensors[kept] = std::move(t);
       ++kept;
     } else {
-      for (auto& n : t.names) m.tensors[it->second].names.push_back(std::move(n));
+      for (std::string_view n : t.names) m.tensors[it->second].names.push_back(n);
     }
   }
   m.tensors.erase(m.tensors.begin() + static_cast<ptrdiff_t>(kept), m.tensors.end());

@@ -75,11 +75,23 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   if (pkl == nullptr) Fail("no {}data.pkl record: not a torch checkpoint", root);
   AddZipRegions(a, tf);
 
-  std::string pickle_bytes = zip::ReadRecord(file, *pkl, options.max_pickle_bytes);
+  // A stored pickle (what torch.save writes) is parsed where it lies in the mapping; a
+  // deflated one is inflated first.
+  std::string inflated;
+  Bytes pb;
+  if (pkl->method == zip::Method::kStored) {
+    if (pkl->size > options.max_pickle_bytes) {
+      Fail("record '{}' is {} bytes, over the limit of {}", pkl->name, pkl->size,
+           options.max_pickle_bytes);
+    }
+    pb = zip::RawData(file, *pkl);
+  } else {
+    inflated = zip::ReadRecord(file, *pkl, options.max_pickle_bytes);
+    pb = AsBytes(inflated);
+  }
   tf.pickle_offset = pkl->data_offset;
   tf.pickle_size = pkl->compressed_size;
   tf.regions.push_back({pkl->data_offset, pkl->compressed_size, "pickle"});
-  Bytes pb(reinterpret_cast<const uint8_t*>(pickle_bytes.data()), pickle_bytes.size());
   pickle::ParseResult parsed = WithContext(pkl->name, [&] {
     return pickle::Parse(pb, pkl->method == zip::Method::kStored ? pkl->data_offset : 0,
                          options.limits);
@@ -96,6 +108,7 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
                      parsed.leftover)});
   }
   tf.model.graph = std::move(parsed.graph);
+  std::string().swap(inflated);
   BuildTensorTable(tf.model, /*legacy=*/false);
 
   // Locate each storage's record.

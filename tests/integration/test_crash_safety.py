@@ -89,14 +89,13 @@ class CrashSafetyTest(CkptTestCase):
         sigbus = ("ckptool: error: a file being read was truncated by another process (or a disk "
                   "is full); nothing was replaced\n")
         outcomes = []
-        # Steps of 5%: under the sanitizers most of a run is start-up and the read itself is
-        # a window of ~20% of it.
-        for fraction in [i / 20 for i in range(20)] + [1.5]:
+
+        def attempt(delay):
             victim = self.path("victim.pt")
             shutil.copyfile(big, victim)
             p = subprocess.Popen([CKPTOOL, "verify", victim], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-            time.sleep(duration * fraction)
+            time.sleep(delay)
             os.truncate(victim, 4096)
             out, err = p.communicate()
             what = f"exit code {p.returncode}\nstdout:\n{out}\nstderr:\n{err}"
@@ -106,21 +105,46 @@ class CrashSafetyTest(CkptTestCase):
                 self.assertTrue(
                     out.startswith(f"{victim}: OK (torch-zip, 3 records, 256.00 MiB CRC-checked)"),
                     what)
-                outcomes.append("finished first")
+                outcome = "finished first"
             elif err and set(err.splitlines(keepends=True)) == {sigbus}:
                 # Truncated under the mapping: the SIGBUS handler says so, and nothing was
                 # declared OK. (Each CRC thread that faults prints the line today, so it may
                 # come more than once.)
                 self.assertEqual(p.returncode, 1, what)
                 self.assertNotIn("OK", out, what)
-                outcomes.append("truncated while read")
+                outcome = "truncated while read"
             else:
                 # Truncated before it was opened: what is left (4 KiB) is not a zip.
                 self.assertEqual(p.returncode, 1, what)
                 self.assertEqual(
                     out, f"{victim}: not a zip file: no end-of-central-directory record\n", what)
                 self.assertIn("1 problem(s) in 1 of 1 file(s)", err, what)
-                outcomes.append("truncated before read")
+                outcome = "truncated before read"
+            outcomes.append(outcome)
+            return outcome
+
+        # Steps of 5%: under the sanitizers most of a run is start-up and the read itself is
+        # a window of ~20% of it.
+        before, after = 0.0, duration * 1.5
+        for delay in [duration * i / 20 for i in range(20)] + [duration * 1.5]:
+            outcome = attempt(delay)
+            if outcome == "truncated before read":
+                before = max(before, delay)
+            elif outcome == "finished first":
+                after = min(after, delay)
+        # On a loaded machine one run can take far longer than the one timed: narrow in on the
+        # read between the latest truncation that came first and the earliest that came late.
+        for _ in range(16):
+            if "truncated while read" in outcomes:
+                break
+            if after <= before:  # runs vary: a later truncation came first, an earlier late
+                after = before + duration
+            middle = (before + after) / 2
+            outcome = attempt(middle)
+            if outcome == "truncated before read":
+                before = middle
+            elif outcome == "finished first":
+                after = middle
         print(f"\nverify takes {duration:.3f} s; truncation outcomes: {outcomes}")
         self.assertIn("truncated while read", outcomes,
                       "no truncation landed while the file was read")

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "pickle/graph_compare.h"
+#include "pickle/graph_digest.h"
 #include "pickle/parser.h"
 #include "test_util.h"
 #include "torch/torch_file.h"
@@ -28,6 +29,7 @@ void ExpectRoundTrip(const std::string& stream) {
   std::string written = Write(a, a.root, Proto(std::max(2, a.protocol)));
   Graph b = Parse(B(written)).graph;
   EXPECT_EQ(CompareGraphs(a, a.root, b, b.root), "");
+  EXPECT_EQ(DigestGraph(a, a.root), DigestGraph(b, b.root));
   // Writing is deterministic and idempotent.
   EXPECT_EQ(Write(b, b.root, Proto(std::max(2, b.protocol))), written);
 }
@@ -80,6 +82,46 @@ TEST(GraphCompare, FindsDifferences) {
   Graph c = Parse(B(P().proto(2).op(']').put(0).get(0).op(0x86).stop().bytes())).graph;
   Graph d = Parse(B(P().proto(2).op(']').op(']').op(0x86).stop().bytes())).graph;
   EXPECT_NE(CompareGraphs(c, c.root, d, d.root).find("sharing"), std::string::npos);
+}
+
+// The digest tells apart what CompareGraphs tells apart.
+TEST(GraphDigest, DiffersWhereGraphsDiffer) {
+  auto digest = [](const std::string& stream) {
+    Graph g = Parse(B(stream)).graph;
+    return DigestGraph(g, g.root);
+  };
+  auto list = [](std::initializer_list<std::string_view> strs) {
+    P p;
+    p.proto(2).mark();
+    for (std::string_view s : strs) p.str(s);
+    return p.op('l').stop().bytes();
+  };
+  EXPECT_EQ(digest(list({"ab", "c"})), digest(list({"ab", "c"})));
+  // Text boundaries count, not only the concatenated bytes.
+  EXPECT_NE(digest(list({"ab", "c"})), digest(list({"a", "bc"})));
+  EXPECT_NE(digest(list({"ab"})), digest(list({"ab", ""})));
+  // Values, kinds and sharing.
+  EXPECT_NE(digest(P().proto(2).mark().bin_int(1).op('l').stop().bytes()),
+            digest(P().proto(2).mark().bin_int(2).op('l').stop().bytes()));
+  EXPECT_NE(digest(P().proto(2).op(']').put(0).get(0).op(0x86).stop().bytes()),
+            digest(P().proto(2).op(']').op(']').op(0x86).stop().bytes()));
+  EXPECT_NE(digest(P().proto(2).global("torch", "a.b").stop().bytes()),
+            digest(P().proto(2).global("torch.a", "b").stop().bytes()));
+  // A tuple and a list of the same items.
+  EXPECT_NE(digest(P().proto(2).mark().bin_int(1).op('t').stop().bytes()),
+            digest(P().proto(2).mark().bin_int(1).op('l').stop().bytes()));
+  // Real checkpoints: equal to their own round trip, different from each other.
+  std::string f = test::ReadFixture("small.pt");
+  zip::Archive a = zip::Archive::Parse(B(f));
+  std::string pkl = zip::ReadRecord(B(f), *a.Find("small/data.pkl"), 1 << 20);
+  Graph g = Parse(B(pkl)).graph;
+  GraphDigest before = DigestGraph(g, g.root);
+  EXPECT_EQ(before, digest(Write(g, g.root, Proto(2))));
+  ASSERT_FALSE(g.pairs(g.root).empty());
+  NodeId key = g.pairs(g.root)[0];  // the first tensor's name
+  ASSERT_EQ(g.kind(key), Kind::kStr);
+  g.SetText(key, std::string(g.text(key)) + "x");
+  EXPECT_NE(before, DigestGraph(g, g.root));
 }
 
 }  // namespace

@@ -63,11 +63,10 @@ std::string RenderText(const FileReport& r, size_t top_n) {
       r.tensor_names == r.distinct_tensors ? "" : fmt::format(" under {} names", r.tensor_names);
   out += fmt::format(
       "\n  {} tensors{} ({}) in {} storages ({}): {} used, {} wasted ({} of storage bytes)\n",
-      r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storages.size(),
+      r.distinct_tensors, names, HumanBytes(r.tensor_bytes), r.storage_count,
       HumanBytes(r.storage_bytes), HumanBytes(r.used_bytes), HumanBytes(r.wasted_bytes),
       Percent(r.wasted_bytes, r.storage_bytes));
-  size_t shared = std::count_if(r.storages.begin(), r.storages.end(),
-                                [](const StorageRow& s) { return s.views > 1; });
+  uint64_t shared = r.shared_storages;
   if (shared == 1) out += "  1 storage is shared by several tensors\n";
   if (shared > 1) out += fmt::format("  {} storages are shared by several tensors\n", shared);
 

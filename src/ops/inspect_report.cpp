@@ -165,7 +165,7 @@ void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
     if (s.present) {
       uint64_t on_disk = s.nbytes;
       if (archive) {
-        const zip::Entry* e = archive->Find(s.record);
+        const zip::Entry* e = &archive->entries()[s.entry];
         on_disk = e->compressed_size;
         if (!s.compressed) {
           uint64_t used = std::min(row.used_bytes, e->size);
@@ -187,7 +187,9 @@ void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
     k.storages++;
     k.storage_bytes += row.bytes;
     k.used_bytes += row.used_bytes;
-    r.storages.push_back(std::move(row));
+    r.storage_count++;
+    if (row.views > 1) r.shared_storages++;
+    if (keep == SIZE_MAX) r.storages.push_back(std::move(row));
   }
   torch::PickleScan scan = torch::ScanPickle(m.graph);
   for (torch::ImportedName& n : scan.names) {
@@ -227,7 +229,8 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) 
     s.location = "cpu";
     s.bytes = s.used_bytes = bytes;
     s.views = 1;
-    r.storages.push_back(s);
+    r.storage_count++;
+    if (keeper.keep == SIZE_MAX) r.storages.push_back(s);
     r.tensor_bytes += bytes;
     r.distinct_tensors++;
     r.storage_bytes += bytes;

@@ -74,7 +74,10 @@ struct FileReport {
   // largest rows (ties in file order), while tensor_names counts them all.
   std::vector<TensorRow> tensors;
   uint64_t tensor_names = 0;
+  // Every storage's row when every row is kept (JSON); the text report needs only the counts.
   std::vector<StorageRow> storages;
+  uint64_t storage_count = 0;
+  uint64_t shared_storages = 0;  // storages more than one view reaches
   std::vector<Rollup> by_dtype;
   std::vector<Rollup> by_key;
   std::vector<GlobalRow> globals;

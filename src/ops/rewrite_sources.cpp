@@ -51,8 +51,8 @@ uint32_t TorchRewrite::WriteInflated(size_t storage, AtomicOutput& out, uint64_t
   // two inflated chunks is carried over to the next.
   const PlannedStorage& s = plan_.storages[storage];
   const torch::Storage& src = in_.torch->model.storages[s.source];
-  const zip::Entry* e = in_.torch->archive->Find(src.record);
-  if (e == nullptr) Fail("internal: no record for storage '{}'", src.key);
+  if (src.entry < 0) Fail("internal: no record for storage '{}'", src.key);
+  const zip::Entry* e = &in_.torch->archive->entries()[src.entry];
   uint64_t pos = 0, written = 0;
   uint32_t crc = 0;
   std::string carry;

@@ -237,7 +237,7 @@ void RebuildTensorTable(torch::TorchFile& tf) {
     s.present = old.present;
     s.data_offset = old.data_offset;
     s.compressed = old.compressed;
-    s.record = old.record;
+    s.entry = old.entry;
   }
 }
 

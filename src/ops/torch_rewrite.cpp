@@ -215,7 +215,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     }
     sizes[i] = s.size();
     if (tf.archive && s.begin == 0 && !s.convert) {
-      const zip::Entry* e = tf.archive->Find(src.record);
+      const zip::Entry* e = src.entry >= 0 ? &tf.archive->entries()[src.entry] : nullptr;
       if (e != nullptr && e->size == s.end) {
         reuse[i] = true;
         crcs[i] = e->crc32;

@@ -91,12 +91,12 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
     }
   }
   at += sys_info.size;
-  tf.regions.push_back({0, at, "legacy headers"});
+  tf.AddRegion("legacy headers", at);
 
   Piece obj = ParseAt(file, at, "object pickle", options);
   tf.pickle_offset = at;
   tf.pickle_size = obj.size;
-  tf.regions.push_back({at, obj.size, "pickle"});
+  tf.AddRegion("pickle", obj.size);
   at += obj.size;
   if (obj.leftover) {
     tf.model.problems.push_back(
@@ -109,7 +109,7 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
   BuildTensorTable(tf.model, /*legacy=*/true);
 
   Piece keys = ParseAt(file, at, "storage key list", options);
-  tf.regions.push_back({at, keys.size, "legacy headers"});
+  tf.AddRegion("legacy headers", keys.size);
   at += keys.size;
   const pickle::Graph& kg = keys.graph;
   if (kg.root == pickle::kNil || kg.kind(kg.root) != pickle::Kind::kList) {
@@ -139,7 +139,7 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
       Fail("storage '{}': {} bytes of data at offset {} run past the end of the file", key, nbytes,
            c.file_pos());
     }
-    tf.regions.push_back({header_at, 8, "storage headers"});
+    tf.AddRegion("storage headers", 8);
     s.present = true;
     s.data_offset = header_at + 8;
     at = s.data_offset + nbytes;

@@ -25,7 +25,7 @@ struct Storage {
   bool present = false;      // a record / data block exists
   uint64_t data_offset = 0;  // file offset of byte 0 (stored zip records and legacy files)
   bool compressed = false;   // deflated zip record: data_offset is not usable for mmap
-  std::string record;        // zip record name, empty for legacy
+  int32_t entry = -1;        // zip: index of its record in the archive's entries
   // Referenced directly (a bare storage object in the pickle), so all of it is in use.
   bool used_whole = false;
   pickle::NodeId first_ref = pickle::kNil;  // a persistent-id node that names this storage

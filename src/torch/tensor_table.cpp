@@ -469,13 +469,17 @@ void BuildTensorTable(Model& model, bool legacy) {
   // Room for every rebuild call at once: growing by doubling would hold the old rows and the
   // new ones together (a third more memory at the peak for 10^5 tensors).
   const pickle::Graph& g = model.graph;
-  size_t calls = 0;
+  // Likewise every storage: each has a persistent id (shared through the memo).
+  size_t calls = 0, persids = 0;
   for (pickle::NodeId n = 0; n < g.nodes.size(); ++n) {
+    if (g.kind(n) == pickle::Kind::kPersId) ++persids;
     if (g.kind(n) != pickle::Kind::kObject) continue;
     pickle::NodeId f = g.CalledGlobal(n);
     if (f != pickle::kNil && g.global_name(f).starts_with("_rebuild")) ++calls;
   }
   model.tensors.reserve(model.tensors.size() + calls);
+  model.storages.reserve(model.storages.size() + persids);
+  model.storage_index.reserve(model.storage_index.size() + persids);
   TensorCollector(model, legacy).Run();
   MergeByNode(model);
 }

@@ -15,9 +15,9 @@ namespace ckpt::torch {
 
 enum class Container { kZip, kLegacy };
 
-// A labelled byte range of the file that is not storage data (headers, pickle, padding...).
+// Bytes of the file that are not storage data, under one label (headers, pickle, padding...).
+// Totals, not ranges: a file of 10^5 records has 10^5 headers.
 struct Region {
-  uint64_t offset = 0;
   uint64_t size = 0;
   std::string label;
 };
@@ -28,9 +28,12 @@ struct ReadOptions {
 };
 
 struct TorchFile {
+  // Counts `size` bytes under `label`.
+  void AddRegion(std::string_view label, uint64_t size);
+
   Container container = Container::kZip;
   Model model;
-  std::vector<Region> regions;  // everything but storage data
+  std::vector<Region> regions;  // everything but storage data, by label in first-seen order
   uint64_t pickle_offset = 0;   // data.pkl (or the legacy object pickle) in the file
   uint64_t pickle_size = 0;
   std::vector<std::string> records;  // zip: other records' names (version, byteorder...)

@@ -19,13 +19,12 @@ namespace {
 
 void AddZipRegions(const zip::Archive& a, TorchFile& tf) {
   for (const zip::Entry& e : a.entries()) {
-    tf.regions.push_back({e.header_offset, e.header_size, "zip headers"});
-    if (e.extra_size)
-      tf.regions.push_back({e.header_offset + e.header_size, e.extra_size, "zip padding"});
-    if (e.descriptor_size) tf.regions.push_back({e.data_end(), e.descriptor_size, "zip headers"});
+    tf.AddRegion("zip headers", e.header_size);
+    if (e.extra_size) tf.AddRegion("zip padding", e.extra_size);
+    if (e.descriptor_size) tf.AddRegion("zip headers", e.descriptor_size);
   }
-  tf.regions.push_back({a.directory_offset(), a.directory_size(), "zip directory"});
-  tf.regions.push_back({a.end_records_offset(), a.end_records_size(), "zip directory"});
+  tf.AddRegion("zip directory", a.directory_size());
+  tf.AddRegion("zip directory", a.end_records_size());
 }
 
 std::string Trimmed(std::string s) {
@@ -91,7 +90,7 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   }
   tf.pickle_offset = pkl->data_offset;
   tf.pickle_size = pkl->compressed_size;
-  tf.regions.push_back({pkl->data_offset, pkl->compressed_size, "pickle"});
+  tf.AddRegion("pickle", pkl->compressed_size);
   pickle::ParseResult parsed = WithContext(pkl->name, [&] {
     return pickle::Parse(pb, pkl->method == zip::Method::kStored ? pkl->data_offset : 0,
                          options.limits);
@@ -113,19 +112,20 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
 
   // Locate each storage's record.
   for (Storage& s : tf.model.storages) {
-    s.record = root + "data/" + s.key;
-    const zip::Entry* e = a.Find(s.record);
+    std::string record = root + "data/" + s.key;
+    const zip::Entry* e = a.Find(record);
     if (e == nullptr) {
-      tf.model.problems.push_back({s.record, "storage record is missing"});
+      tf.model.problems.push_back({record, "storage record is missing"});
       continue;
     }
+    s.entry = static_cast<int32_t>(e - a.entries().data());
     s.present = true;
     s.data_offset = e->data_offset;
     s.compressed = e->method != zip::Method::kStored;
     if (e->size != s.nbytes) {
       tf.model.problems.push_back(
-          {s.record, fmt::format("record holds {} bytes but the pickle says {} x {} = {} bytes",
-                                 e->size, s.numel, Name(s.dtype), s.nbytes)});
+          {record, fmt::format("record holds {} bytes but the pickle says {} x {} = {} bytes",
+                               e->size, s.numel, Name(s.dtype), s.nbytes)});
     }
   }
 
@@ -138,8 +138,7 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
     }
     tf.records.push_back(e.name);
     bool orphan = e.name.rfind(root + "data/", 0) == 0;
-    tf.regions.push_back(
-        {e.data_offset, e.compressed_size, orphan ? "unreferenced records" : "metadata records"});
+    tf.AddRegion(orphan ? "unreferenced records" : "metadata records", e.compressed_size);
     if (e.name.rfind(root, 0) != 0) {
       tf.model.problems.push_back({e.name, fmt::format("record is outside the '{}' folder "
                                                        "(torch >= 2.2 refuses such files)",

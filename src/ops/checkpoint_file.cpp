@@ -84,6 +84,10 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
         break;
     }
   });
+  // Reading the zip touched a page around every record's local header (all of a file of 10^5
+  // small records) and the pickle's pages: drop them from our resident set (the page cache
+  // keeps them; what is read later comes back through windows).
+  f.map.Release(0, f.map.size());
   return f;
 }
 

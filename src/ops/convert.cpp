@@ -94,7 +94,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     if (rewrite.written(c)) r.storage_bytes += s.size();
     if (rewrite.overflow()[c]) {
       std::vector<std::string> names;
-      for (size_t j : members[c]) names.emplace_back(m.tensors[j].names[0]);
+      for (size_t j : members[c]) names.emplace_back(rewrite.name(j));
       r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",
                                        JoinNames(names), rewrite.overflow()[c]));
     }

@@ -248,6 +248,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     PerfTimer sync("fsync");
     out.Sync();
   }
+  ReleaseInputRows();
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path),
               [&] {

@@ -42,9 +42,16 @@ class TorchRewrite {
   bool written(size_t storage) const { return !outputs_[storage].key.empty(); }
   // After Write(): per planned storage, finite values that overflowed to infinity.
   const std::vector<uint64_t>& overflow() const { return overflow_; }
+  // Input tensor j's first name, also after Write() (which frees the input's tensor rows).
+  std::string_view name(size_t j) const {
+    const torch::NameList& n = names_.empty() ? in_.torch->model.tensors[j].names : names_[j];
+    return n.empty() ? std::string_view() : n.front();
+  }
 
   // Writes, verifies and atomically installs the output at `final_path` (which may be the
-  // input's own path), with the input's permissions.
+  // input's own path), with the input's permissions. Once the bytes are written, the input's
+  // tensor and storage rows are freed (the model is left empty) (what the read-back must show is
+  // kept as a digest per tensor), so the written file's model is never held beside the input's.
   void Write(const std::string& final_path, unsigned threads, const WriteProgress& progress = {});
 
  private:
@@ -79,7 +86,18 @@ class TorchRewrite {
   // Input bytes `src` of planned storage `storage` at `dst`, converted when it is.
   uint32_t WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst);
 
-  // Re-reads the written file and checks it against the input and the plan.
+  // What the read-back of input tensor j must show: a digest of its names, dtype, shape,
+  // stride, requires_grad and kind as planned, and where its first byte lands.
+  struct ExpectedTensor {
+    pickle::GraphDigest row;
+    uint64_t byte_begin = 0;
+    bool has_storage = false;
+    bool check_begin = false;  // numel > 0 or gathered
+    bool begin_ok = true;      // the plan puts the first byte at a whole offset
+  };
+  // Computes expected_ and moves the names out, then frees the input's rows.
+  void ReleaseInputRows();
+  // Re-reads the written file and checks it against expected_ and the plan.
   void Verify(const MappedFile& out, unsigned threads) const;
 
   CheckpointFile& in_;
@@ -87,6 +105,8 @@ class TorchRewrite {
   std::vector<StorageOutput> outputs_;
   std::string pickle_;
   pickle::GraphDigest digest_;  // of the rewritten graph, which is freed once serialised
+  std::vector<ExpectedTensor> expected_;
+  std::vector<torch::NameList> names_;  // the input tensors' names, once their rows are freed
   std::vector<Record> records_;
   zip::ZipPlan zip_;
   std::vector<uint64_t> overflow_;

@@ -208,9 +208,19 @@ Compound& Graph::mutable_compound(NodeId id) {
   return compounds[nodes[id].text.offset];
 }
 
+CompoundLists& Graph::mutable_lists(NodeId id) {
+  Compound& c = mutable_compound(id);
+  if (c.lists == kNoLists) {
+    if (lists.size() >= kNoLists) Fail("too many pickle containers");
+    c.lists = static_cast<uint32_t>(lists.size());
+    lists.emplace_back();
+  }
+  return lists[c.lists];
+}
+
 void Graph::SetItem(NodeId id, size_t i, NodeId value) {
   Node& n = nodes[id];
-  IdList l = n.kind == Kind::kTuple ? TupleList(n) : mutable_compound(id).items;
+  IdList l = n.kind == Kind::kTuple ? TupleList(n) : mutable_lists(id).items;
   if (i >= l.size) Fail("internal: item {} of {}", i, l.size);
   ids.GetMutable(l)[i] = value;
 }
@@ -224,29 +234,29 @@ void Graph::SetItems(NodeId id, std::span<const NodeId> items) {
     n.text.size = l.size;
     return;
   }
-  ids.Assign(mutable_compound(id).items, items);
+  ids.Assign(mutable_lists(id).items, items);
 }
 
 void Graph::SetPairs(NodeId id, std::span<const NodeId> pairs) {
-  ids.Assign(mutable_compound(id).pairs, pairs);
+  ids.Assign(mutable_lists(id).pairs, pairs);
 }
 
 void Graph::SetStates(NodeId id, std::span<const NodeId> states) {
-  ids.Assign(mutable_compound(id).states, states);
+  ids.Assign(mutable_lists(id).states, states);
 }
 
 void Graph::AppendItem(NodeId id, NodeId value) {
-  ids.Push(mutable_compound(id).items, value);
+  ids.Push(mutable_lists(id).items, value);
 }
 
 void Graph::AppendPair(NodeId id, NodeId key, NodeId value) {
-  Compound& c = mutable_compound(id);
+  CompoundLists& c = mutable_lists(id);
   ids.Push(c.pairs, key);
   ids.Push(c.pairs, value);
 }
 
 void Graph::AppendState(NodeId id, NodeId state) {
-  ids.Push(mutable_compound(id).states, state);
+  ids.Push(mutable_lists(id).states, state);
 }
 
 // ---- IdArena ----

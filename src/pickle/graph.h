@@ -53,19 +53,28 @@ struct IdList {
   uint32_t cap = 0;
 };
 
-// Children and construction details of lists, dicts, sets, objects and persistent ids
-// (tuples, the most numerous containers, keep their items in their Node and have none).
-// 52 bytes and no allocation of its own: a pickle of 10^5 tensors makes ~3 per tensor.
+// Children of a list, dict, set or object (what APPEND(S), SETITEM(S), ADDITEMS and BUILD
+// gave it). Only compounds that have any get one: a tensor's rebuild call and its empty
+// OrderedDict() have none.
+struct CompoundLists {
+  IdList items;   // list/set elements, or APPENDed items of an object
+  IdList pairs;   // dict key,value,key,value... or SETITEMs of an object
+  IdList states;  // BUILD arguments, in order
+};
+
+inline constexpr uint32_t kNoLists = UINT32_MAX;
+
+// Construction details of lists, dicts, sets, objects and persistent ids (tuples, the most
+// numerous containers, keep their items in their Node and have none). 20 bytes and no
+// allocation of its own: a pickle of 10^5 tensors makes ~3 per tensor.
 struct Compound {
-  IdList items;            // list/set elements, or APPENDed items of an object
-  IdList pairs;            // dict key,value,key,value... or SETITEMs of an object
-  IdList states;           // BUILD arguments, in order
-  NodeId callable = kNil;  // kObject: what is called; kPersId: unused
-  NodeId args = kNil;      // kObject: argument tuple; kPersId: the persistent id
-  NodeId kwargs = kNil;    // NEWOBJ_EX keyword arguments
+  NodeId callable = kNil;     // kObject: what is called; kPersId: unused
+  NodeId args = kNil;         // kObject: argument tuple; kPersId: the persistent id
+  NodeId kwargs = kNil;       // NEWOBJ_EX keyword arguments
+  uint32_t lists = kNoLists;  // index into Graph::lists once it has children
   Construct construct = Construct::kReduce;
 };
-static_assert(sizeof(Compound) == 52);
+static_assert(sizeof(Compound) == 20);
 
 // Where lists of node ids live: blocks of up to 2^20 ids (4 MiB; the first 2^10, each next
 // twice as large) filled one after another; a list
@@ -144,6 +153,7 @@ class Graph {
   // would need the old and the new array at once, and up to twice the room it uses).
   std::deque<Node> nodes;
   std::deque<Compound> compounds;
+  std::deque<CompoundLists> lists;
   IdArena ids;
   std::string strings;
 
@@ -174,11 +184,17 @@ class Graph {
   std::span<const NodeId> items(NodeId id) const {
     const Node& n = nodes[id];
     if (n.kind == Kind::kTuple) return ids.Get(TupleList(n));
-    return HasCompoundRecord(n.kind) ? ids.Get(compounds[n.text.offset].items)
-                                     : std::span<const NodeId>();
+    const CompoundLists* l = Lists(id);
+    return l ? ids.Get(l->items) : std::span<const NodeId>();
   }
-  std::span<const NodeId> pairs(NodeId id) const { return ids.Get(compound(id).pairs); }
-  std::span<const NodeId> states(NodeId id) const { return ids.Get(compound(id).states); }
+  std::span<const NodeId> pairs(NodeId id) const {
+    const CompoundLists* l = Lists(id);
+    return l ? ids.Get(l->pairs) : std::span<const NodeId>();
+  }
+  std::span<const NodeId> states(NodeId id) const {
+    const CompoundLists* l = Lists(id);
+    return l ? ids.Get(l->states) : std::span<const NodeId>();
+  }
 
   // kObject whose callable is the global module.name?
   bool IsCallOf(NodeId id, std::string_view module, std::string_view name) const;
@@ -208,8 +224,12 @@ class Graph {
   NodeId AddPersId(NodeId pid, uint64_t stream_offset = 0);
   // Not for tuples (they have no Compound).
   Compound& mutable_compound(NodeId id);
+  // The children lists of a compound, made when it has none yet.
+  CompoundLists& mutable_lists(NodeId id);
   // Pairs of a dict (or SETITEMs of an object), to replace values in place.
-  std::span<NodeId> mutable_pairs(NodeId id) { return ids.GetMutable(mutable_compound(id).pairs); }
+  std::span<NodeId> mutable_pairs(NodeId id) {
+    return Lists(id) ? ids.GetMutable(mutable_lists(id).pairs) : std::span<NodeId>();
+  }
   // Item i of a node's items (a tuple's too), replaced in place.
   void SetItem(NodeId id, size_t i, NodeId value);
   void SetItems(NodeId id, std::span<const NodeId> items);
@@ -230,6 +250,12 @@ class Graph {
 
  private:
   static IdList TupleList(const Node& n) { return IdList{n.text.offset, n.text.size, n.text.size}; }
+  const CompoundLists* Lists(NodeId id) const {
+    const Node& n = nodes[id];
+    if (!HasCompoundRecord(n.kind)) return nullptr;
+    uint32_t l = compounds[n.text.offset].lists;
+    return l == kNoLists ? nullptr : &lists[l];
+  }
   static const Compound kEmpty;
 };
 

@@ -214,7 +214,7 @@ class Parser {
     if (k != container && k != Kind::kObject) Error(fmt::format("{} on a {}", opname, KindName(k)));
     for (NodeId v : values) {
       if (pairs) {
-        g_.ids.Push(C(target).pairs, v);
+        g_.ids.Push(g_.mutable_lists(target).pairs, v);
       } else {
         g_.AppendItem(target, v);
       }

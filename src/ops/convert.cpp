@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
+#include <span>
+#include <vector>
 
 #include "base/error.h"
 #include "base/names.h"
@@ -39,10 +41,23 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
   const torch::Model& m = f.torch->model;
   ShrinkPlan plan = PlanShrink(*f.torch);
   RewritePlan& rp = plan.rewrite;
-  std::vector<std::vector<size_t>> members(rp.storages.size());
+  // The tensors of each planned storage, grouped in one array (a vector per storage would
+  // cost an allocation per storage: 10^5 of them in a plain state dict).
+  std::vector<size_t> first(rp.storages.size() + 1, 0), grouped;
   for (size_t j = 0; j < m.tensors.size(); ++j) {
-    if (m.tensors[j].storage >= 0) members[rp.tensor_storage[j]].push_back(j);
+    if (m.tensors[j].storage >= 0) first[rp.tensor_storage[j] + 1]++;
   }
+  for (size_t c = 0; c < rp.storages.size(); ++c) first[c + 1] += first[c];
+  grouped.resize(first.back());
+  {
+    std::vector<size_t> next(first.begin(), first.end() - 1);
+    for (size_t j = 0; j < m.tensors.size(); ++j) {
+      if (m.tensors[j].storage >= 0) grouped[next[rp.tensor_storage[j]]++] = j;
+    }
+  }
+  auto members = [&](size_t c) {
+    return std::span<const size_t>(grouped.data() + first[c], first[c + 1] - first[c]);
+  };
   std::vector<bool> bare(rp.storages.size(), false);
   for (int32_t b : rp.bare_storage) bare[b] = true;
   bool any = false;
@@ -50,8 +65,8 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     PlannedStorage& s = rp.storages[c];
     const torch::Storage& src = m.storages[s.source];
     std::vector<std::string> yes, no;
-    bool float32 = !members[c].empty();
-    for (size_t j : members[c]) {
+    bool float32 = !members(c).empty();
+    for (size_t j : members(c)) {
       const torch::Tensor& t = m.tensors[j];
       if (t.dtype != torch::DType::kFloat32) float32 = false;
       (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).emplace_back(t.names[0]);
@@ -94,7 +109,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     if (rewrite.written(c)) r.storage_bytes += s.size();
     if (rewrite.overflow()[c]) {
       std::vector<std::string> names;
-      for (size_t j : members[c]) names.emplace_back(rewrite.name(j));
+      for (size_t j : members(c)) names.emplace_back(rewrite.name(j));
       r.warnings.push_back(fmt::format("{}: {} values beyond float16's range became infinity",
                                        JoinNames(names), rewrite.overflow()[c]));
     }

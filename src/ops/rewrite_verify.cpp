@@ -79,6 +79,7 @@ void TorchRewrite::ReleaseInputRows() {
   std::vector<torch::Tensor>().swap(m.tensors);
   std::vector<torch::Storage>().swap(m.storages);
   std::unordered_map<std::string, int32_t>().swap(m.storage_index);
+  in_.torch->archive.reset();  // the input's zip directory: only its records' bytes were needed
 }
 
 void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {

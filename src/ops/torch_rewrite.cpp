@@ -156,6 +156,9 @@ void TorchRewrite::LayOut() {
   }
 
   std::vector<zip::RecordSpec> specs;
+  size_t count = before.size() + after.size() + 1 + outputs_.size();  // at most
+  specs.reserve(count);
+  records_.reserve(count);
   auto add_small = [&](const std::string& name, std::string bytes) {
     specs.push_back({prefix + "/" + name, bytes.size()});
     records_.push_back({std::move(bytes), -1});

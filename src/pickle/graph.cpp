@@ -234,14 +234,17 @@ void Graph::SetItems(NodeId id, std::span<const NodeId> items) {
     n.text.size = l.size;
     return;
   }
+  if (items.empty() && !Lists(id)) return;  // an empty container needs no lists
   ids.Assign(mutable_lists(id).items, items);
 }
 
 void Graph::SetPairs(NodeId id, std::span<const NodeId> pairs) {
+  if (pairs.empty() && !Lists(id)) return;
   ids.Assign(mutable_lists(id).pairs, pairs);
 }
 
 void Graph::SetStates(NodeId id, std::span<const NodeId> states) {
+  if (states.empty() && !Lists(id)) return;
   ids.Assign(mutable_lists(id).states, states);
 }
 

@@ -228,6 +228,7 @@ class Graph {
   CompoundLists& mutable_lists(NodeId id);
   // Pairs of a dict (or SETITEMs of an object), to replace values in place.
   std::span<NodeId> mutable_pairs(NodeId id) {
+    mutable_compound(id);  // fails for a kind that has no pairs
     return Lists(id) ? ids.GetMutable(mutable_lists(id).pairs) : std::span<NodeId>();
   }
   // Item i of a node's items (a tuple's too), replaced in place.

@@ -1,6 +1,8 @@
-// A 128-bit digest of an object graph's structure, sharing included: two graphs get the same
-// digest exactly when CompareGraphs (graph_compare.h) finds them equal, barring an XXH3-128
-// collision. Lets a writer check its read-back against a graph it has already freed.
+// A 128-bit digest of an object graph's structure, sharing included: two graphs that
+// CompareGraphs (graph_compare.h) finds different get different digests, barring an XXH3-128
+// collision (the digest is a little stricter: a global's module and name count apart, where
+// CompareGraphs compares "module.name"). Lets a writer check its read-back against a graph it
+// has already freed.
 #pragma once
 
 #include <cstdint>

@@ -24,17 +24,22 @@ void NameList::push_back(std::string_view name) {
   Head h = block_ ? Header() : Head{0, sizeof(Head), 0};
   uint64_t need = uint64_t{h.used} + sizeof(uint32_t) + name.size();
   if (need > UINT32_MAX) Fail("a tensor's names take more than 4 GiB");
+  uint32_t size = static_cast<uint32_t>(name.size());
+  auto put = [&](char* block) {  // `name` may point into the old block: read before freeing
+    std::memcpy(block + h.used, &size, sizeof size);
+    if (size) std::memcpy(block + h.used + sizeof size, name.data(), size);
+  };
   if (need > h.capacity) {
     // Doubling: a tensor reached by many paths gains its names in linear time.
     uint64_t capacity = std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(need, 2 * h.capacity));
     auto grown = std::make_unique_for_overwrite<char[]>(capacity);
     if (block_) std::memcpy(grown.get(), block_.get(), h.used);
+    put(grown.get());
     block_ = std::move(grown);
     h.capacity = static_cast<uint32_t>(capacity);
+  } else {
+    put(block_.get());
   }
-  uint32_t size = static_cast<uint32_t>(name.size());
-  std::memcpy(block_.get() + h.used, &size, sizeof size);
-  if (size) std::memcpy(block_.get() + h.used + sizeof size, name.data(), size);
   h.used = static_cast<uint32_t>(need);
   ++h.count;
   std::memcpy(block_.get(), &h, sizeof h);

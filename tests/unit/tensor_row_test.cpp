@@ -35,6 +35,10 @@ TEST(NameList, HoldsNamesInOrderAndCopies) {
   // Same concatenated bytes, different boundaries.
   EXPECT_NE((NameList{"ab", "c"}), (NameList{"a", "bc"}));
   EXPECT_EQ(NameList{}, NameList{});
+  // A name of the list itself, appended while the block grows.
+  NameList self{"abc"};
+  for (int i = 0; i < 5; ++i) self.push_back(self[0]);
+  EXPECT_EQ(self.strings(), std::vector<std::string>(6, "abc"));
 }
 
 TEST(NameList, ManyNamesKeepTheirValues) {

@@ -50,8 +50,9 @@ class TorchRewrite {
 
   // Writes, verifies and atomically installs the output at `final_path` (which may be the
   // input's own path), with the input's permissions. Once the bytes are written, the input's
-  // tensor and storage rows are freed (the model is left empty) (what the read-back must show is
-  // kept as a digest per tensor), so the written file's model is never held beside the input's.
+  // tensor and storage rows and its zip directory are freed, leaving the model empty (what the
+  // read-back must show is kept as a digest per tensor), so the written file's model is never
+  // held beside the input's.
   void Write(const std::string& final_path, unsigned threads, const WriteProgress& progress = {});
 
  private:

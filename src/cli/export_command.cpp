@@ -109,6 +109,9 @@ int RunExport(const ExportCliOptions& o) {
                                 {"tensors", r.tensors},
                                 {"aliases", r.aliases},
                                 {"bytes", r.bytes}};
+    if (r.archive_plain_bytes + r.archive_backed_bytes)
+      j["archive"] = {{"plain_bytes", r.archive_plain_bytes},
+                      {"tensor_bytes_in_place", r.archive_backed_bytes}};
     PrintJson(j);
     return 0;
   }
@@ -120,6 +123,11 @@ int RunExport(const ExportCliOptions& o) {
           : "'" + r.selected + "'",
       r.aliases ? fmt::format(", {} tied names recorded as aliases", r.aliases) : "");
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
+  if (r.archive_plain_bytes + r.archive_backed_bytes)
+    std::cout << fmt::format(
+        "Read in place from the archive: {} of tensors decoded from its chunks, {} of headers "
+        "restored\n",
+        HumanBytes(r.archive_backed_bytes), HumanBytes(r.archive_plain_bytes));
   return 0;
 }
 
@@ -128,9 +136,9 @@ int RunExport(const ExportCliOptions& o) {
 Runner AddExport(CLI::App& app) {
   auto o = std::make_shared<ExportCliOptions>();
   app.add_option("sources", o->sources,
-                 "Torch checkpoint file, folder of shards, or DeepSpeed ZeRO checkpoint (the "
-                 "folder holding "
-                 "'latest', or a tag folder)")
+                 "Torch checkpoint file, folder of shards, DeepSpeed ZeRO checkpoint (the "
+                 "folder holding 'latest', or a tag folder), torch.distributed.checkpoint "
+                 "folder, or a .ckz archive of any of them (read in place)")
       ->required();
   app.add_option("--to", o->to,
                  "Output folder (model.safetensors or shards + index), a .safetensors file, or "

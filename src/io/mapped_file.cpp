@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 namespace ckpt {
@@ -23,7 +25,38 @@ int64_t MtimeNs(const struct stat& st) {
   Fail("{}: {}: {}", path, what, std::strerror(errno));
 }
 
+struct Backing {
+  std::shared_ptr<const ByteSource> source;
+  MappedFile::Stamp origin;
+};
+
+// Backed files by (device, inode): a registration holds whatever path names the file.
+std::mutex backed_mutex;
+std::map<MappedFile::BackedId, Backing>& BackedFiles() {
+  static std::map<MappedFile::BackedId, Backing> files;
+  return files;
+}
+
+MappedFile::BackedId IdOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 }  // namespace
+
+MappedFile::BackedId MappedFile::RegisterBacked(const std::string& path,
+                                                std::shared_ptr<const ByteSource> source,
+                                                Stamp origin) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) FailErrno(path, "cannot stat");
+  std::lock_guard<std::mutex> lock(backed_mutex);
+  BackedFiles()[IdOf(st)] = {std::move(source), std::move(origin)};
+  return IdOf(st);
+}
+
+void MappedFile::UnregisterBacked(BackedId id) {
+  std::lock_guard<std::mutex> lock(backed_mutex);
+  BackedFiles().erase(id);
+}
 
 MappedFile MappedFile::Open(const std::string& path) {
   MappedFile f;
@@ -38,6 +71,14 @@ MappedFile MappedFile::Open(const std::string& path) {
   f.mode_ = st.st_mode;
   f.uid_ = st.st_uid;
   f.gid_ = st.st_gid;
+  {
+    std::lock_guard<std::mutex> lock(backed_mutex);
+    auto it = BackedFiles().find(IdOf(st));
+    if (it != BackedFiles().end()) {
+      f.source_ = it->second.source;
+      f.stamp_ = it->second.origin;
+    }
+  }
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
     if (p == MAP_FAILED) FailErrno(path, "cannot map");
@@ -46,7 +87,9 @@ MappedFile MappedFile::Open(const std::string& path) {
   return f;
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+MappedFile::MappedFile(MappedFile&& other) noexcept {
+  *this = std::move(other);
+}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -59,11 +102,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     mode_ = other.mode_;
     uid_ = other.uid_;
     gid_ = other.gid_;
+    source_ = std::move(other.source_);
   }
   return *this;
 }
 
-MappedFile::~MappedFile() { Reset(); }
+MappedFile::~MappedFile() {
+  Reset();
+}
 
 void MappedFile::Reset() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
@@ -71,10 +117,17 @@ void MappedFile::Reset() {
   data_ = nullptr;
   size_ = 0;
   fd_ = -1;
+  source_.reset();
 }
 
 MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
     : f_(f), offset_(offset), size_(size), bytes_(Slice(f.bytes(), offset, size)) {
+  if (f.source_) {
+    buffer_.reset(new uint8_t[size]);  // filled by Read; no zeroing
+    f.source_->Read(offset, buffer_.get(), size);
+    bytes_ = {buffer_.get(), size};
+    return;
+  }
   f.Populate(offset, size);
 }
 

@@ -5,11 +5,23 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "base/byte_cursor.h"
 
 namespace ckpt {
+
+// Where the bytes of a file restored only in part come from: a .ckz archive's checkpoint
+// opened in place is a sparse "skeleton" file holding its plain bytes (zip headers, pickles,
+// json), and its tensor bytes are decoded from the archive's chunks when a Window asks.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Fills dst with the file's bytes [offset, offset + size); throws ckpt::Error on damage.
+  virtual void Read(uint64_t offset, uint8_t* dst, uint64_t size) const = 0;
+};
 
 class MappedFile {
  public:
@@ -43,12 +55,27 @@ class MappedFile {
   };
   const Stamp& stamp() const { return stamp_; }
 
+  // Files opened at `path` from now on (the same file: device and inode) read through
+  // `source`: Window serves their bytes from it, bytes() shows only what the file holds on
+  // disk, and their stamp is `origin`'s (the archive the bytes come from), so a writer that
+  // requires its inputs unchanged checks the archive. Until UnregisterBacked(the id returned),
+  // which must come before the file is removed (another file could get its inode).
+  using BackedId = std::pair<uint64_t, uint64_t>;  // device, inode
+  static BackedId RegisterBacked(const std::string& path, std::shared_ptr<const ByteSource> source,
+                                 Stamp origin);
+  static void UnregisterBacked(BackedId id);
+  // Is this file read through a ByteSource? Then only Window sees every byte.
+  bool backed() const { return source_ != nullptr; }
+
   // A piece of the file being streamed through: mapped in one call when created, dropped
-  // from our resident set when destroyed. Keeps RSS flat and page faults few.
+  // from our resident set when destroyed. Keeps RSS flat and page faults few. Of a backed
+  // file, the piece is read from its ByteSource into a buffer the window owns.
   class Window {
    public:
     Window(const MappedFile& f, uint64_t offset, uint64_t size);
-    ~Window() { f_.Release(offset_, size_); }
+    ~Window() {
+      if (!buffer_) f_.Release(offset_, size_);
+    }
     Window(const Window&) = delete;
     Window& operator=(const Window&) = delete;
     Bytes bytes() const { return bytes_; }
@@ -58,6 +85,7 @@ class MappedFile {
     uint64_t offset_;
     uint64_t size_;
     Bytes bytes_;
+    std::unique_ptr<uint8_t[]> buffer_;
   };
 
   // Tells the kernel we will read [offset, offset+size) front to back.
@@ -80,6 +108,7 @@ class MappedFile {
   mode_t mode_ = 0;
   uid_t uid_ = 0;
   gid_t gid_ = 0;
+  std::shared_ptr<const ByteSource> source_;
 };
 
 }  // namespace ckpt

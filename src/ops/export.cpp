@@ -15,6 +15,7 @@
 #include "base/names.h"
 #include "base/perf.h"
 #include "compress/archive.h"
+#include "compress/skeleton.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
@@ -132,12 +133,15 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
 
 namespace {
 
-// A .ckz archive given to export is restored first, into a temp folder beside the output
-// (same file system; a ckptool temp name, so a run killed outright leaves nothing a later run
-// does not remove), every chunk checked as decompress checks it; the restored checkpoint is
-// exported as it would be, and the temp folder removed whatever happens.
-struct RestoredArchives {
-  TempFolder folder;
+// A .ckz archive given to export is read in place: its skeleton (compress/skeleton.h: the
+// folder tree with only the plain bytes written, tensor ranges left as holes) goes into a temp
+// folder beside the output -- same file system; a ckptool temp name, so a run killed outright
+// leaves nothing a later run does not remove -- and is exported as the original would be,
+// every tensor byte decoded from the archive's chunks as it is written and its chunk's CRC32
+// checked. The skeletons are dropped and the temp folder removed whatever happens.
+struct ArchiveSources {
+  TempFolder folder;  // destroyed last: the skeletons unregister their files first
+  std::vector<std::unique_ptr<ckz::Skeleton>> skeletons;
   std::vector<std::string> sources;
 };
 
@@ -149,8 +153,8 @@ bool AnyArchive(const std::vector<std::string>& sources) {
   return false;
 }
 
-void Restore(const std::vector<std::string>& sources, const std::string& to, unsigned threads,
-             RestoredArchives& r) {
+void OpenArchives(const std::vector<std::string>& sources, const std::string& to, unsigned threads,
+                  ArchiveSources& r) {
   fs::path out = fs::absolute(to).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "out/"
   fs::path dir = out.parent_path();                  // holds the output file or folder
@@ -166,11 +170,11 @@ void Restore(const std::vector<std::string>& sources, const std::string& to, uns
     }
     std::string name = DefaultRestoredName(s);
     name = name.empty() ? "restored" : fs::path(name).filename().string();
-    DecompressOptions d;
-    d.threads = threads;
-    d.output = (fs::path(r.folder.path) / name).string();
-    WithContext(fmt::format("{}: restoring it for export", s), [&] { DecompressArchive(s, d); });
-    r.sources.push_back(d.output);
+    std::string dest =
+        (fs::path(r.folder.path) / std::to_string(r.skeletons.size()) / name).string();
+    fs::create_directory(fs::path(dest).parent_path());
+    r.skeletons.push_back(ckz::Skeleton::Build(s, dest, threads));  // errors name the archive
+    r.sources.push_back(dest);
   }
 }
 
@@ -179,9 +183,14 @@ void Restore(const std::vector<std::string>& sources, const std::string& to, uns
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
   if (AnyArchive(sources)) {
-    RestoredArchives restored;
-    Restore(sources, to, o.threads, restored);
-    return Export(restored.sources, to, o);
+    ArchiveSources archives;
+    OpenArchives(sources, to, o.threads, archives);
+    ExportResult r = Export(archives.sources, to, o);
+    for (const auto& s : archives.skeletons) {
+      r.archive_plain_bytes += s->plain_bytes();
+      r.archive_backed_bytes += s->backed_bytes();
+    }
+    return r;
   }
   if (sources.size() == 1 && deepspeed::LooksLikeZeroCheckpoint(sources[0]))
     return ExportZero(sources[0], to, o);

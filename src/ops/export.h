@@ -1,4 +1,5 @@
 // `ckptool export`: the tensors of a torch checkpoint (or folder of shards) as safetensors.
+// A .ckz archive of any of them is read in place, its tensors decoded from the chunks.
 //
 // Only tensors leave: whatever the source pickle imports is left behind, so export is also
 // the safe way to hand a model on. Names are key paths relative to the selected sub-object
@@ -38,6 +39,10 @@ struct ExportResult {
   uint64_t tensors = 0;            // tensors written
   uint64_t aliases = 0;            // names recorded as aliases
   uint64_t bytes = 0;              // tensor bytes written
+  // .ckz sources (read in place, compress/skeleton.h): bytes written to the temp skeleton
+  // (headers, pickles, json) and tensor bytes left in the archive, decoded when read.
+  uint64_t archive_plain_bytes = 0;
+  uint64_t archive_backed_bytes = 0;
   std::vector<std::string> warnings;
 };
 

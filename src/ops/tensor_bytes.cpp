@@ -1,5 +1,6 @@
 #include "ops/tensor_bytes.h"
 
+#include <optional>
 #include <string>
 
 #include "base/error.h"
@@ -41,8 +42,17 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
     }
     return;
   }
-  // Strided: walk the index space row by row (the last dimension is the row).
+  // Strided: walk the index space row by row (the last dimension is the row). A backed file
+  // (a .ckz archive read in place) holds only plain bytes on disk: the bytes this view can
+  // reach are read through one window, which then starts at file offset `shift`.
   Bytes file = map.bytes();
+  uint64_t shift = 0;
+  std::optional<MappedFile::Window> reach;
+  if (map.backed()) {
+    reach.emplace(map, base + t.byte_begin, t.byte_end - t.byte_begin);
+    file = reach->bytes();
+    shift = base + t.byte_begin;
+  }
   size_t nd = t.shape.size();
   uint64_t inner = static_cast<uint64_t>(t.shape[nd - 1]);
   uint64_t inner_stride = static_cast<uint64_t>(t.stride[nd - 1]);
@@ -54,10 +64,10 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
     uint64_t elem = first;
     for (size_t d = 0; d + 1 < nd; ++d) elem += static_cast<uint64_t>(index[d] * t.stride[d]);
     if (inner_stride == 1) {
-      buf.append(AsText(Slice(file, base + elem * es, inner * es)));
+      buf.append(AsText(Slice(file, base + elem * es - shift, inner * es)));
     } else {
       for (uint64_t k = 0; k < inner; ++k) {
-        buf.append(AsText(Slice(file, base + (elem + k * inner_stride) * es, es)));
+        buf.append(AsText(Slice(file, base + (elem + k * inner_stride) * es - shift, es)));
       }
     }
     for (size_t d = nd - 1; d-- > 0;) {  // next index of the outer dimensions

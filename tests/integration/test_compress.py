@@ -306,24 +306,59 @@ class CompressRoundTrip(CkptTestCase):
 
 
 class ExportFromArchive(CkptTestCase):
-    """`ckptool export X.ckz` restores the archive into a temp folder beside the output and
-    exports it: the same bytes as an export of the original; nothing left behind."""
+    """`ckptool export X.ckz` reads the archive in place: a sparse skeleton of its plain bytes goes
+    into a temp folder beside the output, tensor bytes are decoded from the chunks as they are
+    written. The same bytes as an export of the original, for every kind of checkpoint export
+    reads; nothing left behind; a damaged chunk anywhere is one clear error and no output."""
 
     def leftovers(self, folder):
         return [n for n in os.listdir(folder) if "ckptool-tmp" in n]
+
+    def assert_same_export(self, original, archive, *args, out_name="out"):
+        """Exports `original` and `archive` with the same arguments; the outputs are identical."""
+        ref, out = self.path(out_name + "_ref"), self.path(out_name)
+        run("export", original, "--to", ref, *args)
+        p = run("export", archive, "--to", out, *args)
+        names = sorted(os.listdir(ref))
+        self.assertEqual(sorted(os.listdir(out)), names)
+        self.assertTrue(any(n.endswith(".safetensors") for n in names))
+        for n in names:
+            self.assertEqual(read_bytes(os.path.join(out, n)), read_bytes(os.path.join(ref, n)), n)
+        self.assertEqual(self.leftovers(self.tmp), [])
+        return p
 
     def test_file_archive_exports_like_the_original(self):
         src = self.path("model.pt")
         sd = state_dict(1 << 16, torch.float32)
         torch.save({"model": sd, "optimizer": {"step": 3}}, src)
         run("compress", "-q", src)
-        run("export", src, "--to", self.path("ref"), "--dtype", "bf16")
-        p = run("export", src + ".ckz", "--to", self.path("out"), "--dtype", "bf16")
+        p = self.assert_same_export(src, src + ".ckz", "--dtype", "bf16")
         self.assertIn("from 'model'", p.stdout)
-        self.assertEqual(read_bytes(self.path("out/model.safetensors")),
-                         read_bytes(self.path("ref/model.safetensors")))
-        self.assertEqual(self.leftovers(self.tmp), [])
+        self.assertIn("Read in place from the archive: 264.00 KiB of tensors decoded", p.stdout)
         self.assertEqual(sorted(os.listdir(self.path("out"))), ["model.safetensors"])
+        for j in ("1", "2"):  # chunks split between windows and threads
+            self.assert_same_export(src, src + ".ckz", "-j", j, "--max-shard-size", "40KiB",
+                                    out_name="shards" + j)
+
+    def test_views_strided_tied_and_small_tensors_export_like_the_original(self):
+        src = self.path("views.pt")
+        flat = weights(1 << 18, 5)
+        sd = {f"experts.{i}": flat[i * 97:(i + 1) * 97] for i in range(2000)}  # small views, shared
+        sd["transposed"] = weights(96 * 160, 6).view(96, 160).t()  # strided
+        sd["every_other"] = weights(4096, 7).view(64, 64)[:, ::2]  # strided inside a row
+        sd["tied"] = sd["experts.3"]
+        sd["bf16"] = weights(3000, 8).to(torch.bfloat16)
+        sd["ids"] = torch.arange(1000)
+        torch.save(sd, src)
+        run("compress", "-q", src)
+        self.assert_same_export(src, src + ".ckz")
+        self.assert_same_export(src, src + ".ckz", "--dtype", "fp16", "-j", "2", out_name="fp16")
+
+    def test_legacy_file_archive_exports_like_the_original(self):
+        src = self.path("legacy.pt")
+        torch.save(state_dict(1 << 15, torch.float32), src, _use_new_zipfile_serialization=False)
+        run("compress", "-q", src)
+        self.assert_same_export(src, src + ".ckz")
 
     def test_folder_archive_of_shards_exports_like_the_folder(self):
         folder = self.path("checkpoint-500")
@@ -341,20 +376,59 @@ class ExportFromArchive(CkptTestCase):
         self.assertEqual(read_bytes(self.path("out.safetensors")), read_bytes(self.path("ref.safetensors")))
         self.assertEqual(self.leftovers(self.tmp), [])
 
-    def test_a_damaged_archive_exports_nothing(self):
-        src = self.path("model.pt")
-        torch.save(state_dict(1 << 16, torch.float32), src)
-        run("compress", "-q", src)
+    def test_zero_and_dcp_folder_archives_export_like_the_folders(self):
+        import dcp_fixtures as dcp
+        import zero_fixtures as zf
+        for stage in (2, 3):
+            root = self.path(f"zero{stage}")
+            zf.make_zero_checkpoint(root, stage, 3)
+            run("compress", "-q", root)
+            p = self.assert_same_export(root, root + ".ckz", out_name=f"zero{stage}_out")
+            self.assertNotIn("0B of tensors decoded", p.stdout)
+        cases = dcp.standard_cases()
+        for name in ("fsdp_tp_bf16", "uneven_fp32", "megatron"):
+            folder = self.path(name)
+            cases[name](folder)
+            run("compress", "-q", folder)
+            self.assert_same_export(folder, folder + ".ckz", out_name=name + "_out")
+
+    def test_two_archives_with_the_same_name_export_together(self):
+        for d in ("a", "b"):
+            os.makedirs(self.path(d))
+        names = sorted(state_dict(1 << 14, torch.float32))
+        sd = state_dict(1 << 14, torch.float32)
+        torch.save({k: sd[k] for k in names[:4]}, self.path("a/model.pt"))
+        torch.save({k: sd[k] for k in names[4:]}, self.path("b/model.pt"))
+        run("compress", "-q", self.path("a/model.pt"), self.path("b/model.pt"))
+        run("export", self.path("a/model.pt"), self.path("b/model.pt"), "--to", self.path("ref"))
+        run("export", self.path("a/model.pt.ckz"), self.path("b/model.pt.ckz"), "--to", self.path("out"))
+        self.assertEqual(read_bytes(self.path("out/model.safetensors")),
+                         read_bytes(self.path("ref/model.safetensors")))
+
+    def damaged_export(self, src, where):
+        """Flips a byte of the archive at `where` (a fraction of the payload) and exports it."""
         data = bytearray(read_bytes(src + ".ckz"))
-        data[len(data) // 2] ^= 0x40
+        data[16 + int((len(data) - 16) * where)] ^= 0x40
         bad = self.path("bad.pt.ckz")
         with open(bad, "wb") as f:
             f.write(bytes(data))
         p = run("export", bad, "--to", self.path("out"), expect=1)
         self.assertIn("bad.pt.ckz", p.stderr)
-        self.assertIn("restoring it for export", p.stderr)
+        self.assertIn("the archive is damaged", p.stderr)
         self.assertFalse(os.path.exists(self.path("out/model.safetensors")))
         self.assertEqual(self.leftovers(self.tmp), [])
+        return p.stderr
+
+    def test_a_damaged_archive_exports_nothing(self):
+        src = self.path("model.pt")
+        torch.save(state_dict(1 << 20, torch.float32), src)  # 4 MiB: chunks holding only tensors
+        run("compress", "-q", src)
+        # At the start: the chunk with the pickle and zip headers (read when the skeleton is made).
+        self.assertIn("chunk 0 ", self.damaged_export(src, 0.001))
+        # In the middle: a chunk of tensor bytes only, read while the output is written.
+        err = self.damaged_export(src, 0.5)
+        self.assertNotIn("chunk 0 ", err)
+        self.assertIn("'model.layers.", err)
 
 
 class ChangedWhileCompressing(CkptTestCase):

@@ -18,6 +18,7 @@
 #include "compress/archive.h"
 #include "compress/format.h"
 #include "compress/layout.h"
+#include "compress/skeleton.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "ops/compress.h"
@@ -157,6 +158,63 @@ TEST_F(CompressArchiveTest, LargeMixedFileRoundTripsAndIsSmallerThanTheInput) {
   ArchiveVerifyResult v = VerifyArchive(a, 2);
   EXPECT_TRUE(v.problems.empty());
   EXPECT_EQ(v.bytes, data.size());
+}
+
+TEST_F(CompressArchiveTest, ASkeletonHoldsThePlainBytesAndWindowsReadTheTensorsFromTheChunks) {
+  std::string data = MixedFile(700000, 900000, 2);  // 4.6 MiB of tensors, a 150-byte header
+  Archive("mixed.bin", data);
+  const uint64_t header = 8 + LoadLE<uint64_t>(reinterpret_cast<const uint8_t*>(data.data()));
+  std::string dest = Path("skeleton.bin");
+  {
+    auto s = ckz::Skeleton::Build(Path("mixed.bin.ckz"), dest, 2);
+    EXPECT_EQ(s->plain_bytes(), header);
+    EXPECT_EQ(s->backed_bytes(), data.size() - header);
+    struct stat st {};
+    ASSERT_EQ(::stat(dest.c_str(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), data.size());
+    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 64u << 10);  // sparse: tensors are holes
+    MappedFile m = MappedFile::Open(dest);
+    ASSERT_TRUE(m.backed());
+    EXPECT_EQ(m.stamp().path, Path("mixed.bin.ckz"));  // writers check the archive
+    // On disk: the header, then zeros where the tensors were.
+    EXPECT_EQ(AsText(m.bytes().subspan(0, header)), data.substr(0, header));
+    EXPECT_EQ(m.bytes()[header + 1000], 0);
+    // Through windows: every byte, at any offset and length, across chunk boundaries.
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 200; ++i) {
+      uint64_t off = rng() % data.size();
+      uint64_t len = 1 + rng() % std::min<uint64_t>(data.size() - off, 3u << 20);
+      MappedFile::Window w(m, off, len);
+      ASSERT_EQ(AsText(w.bytes()), data.substr(off, len)) << off << "+" << len;
+    }
+    MappedFile::Window all(m, 0, data.size());
+    EXPECT_EQ(AsText(all.bytes()), data);
+  }
+  // Once the skeleton is gone the file is just a file again.
+  EXPECT_FALSE(MappedFile::Open(dest).backed());
+}
+
+TEST_F(CompressArchiveTest, ASkeletonRefusesADamagedTensorChunkWhenItIsRead) {
+  std::string data = MixedFile(700000, 0, 3);
+  std::string archive = Archive("f32.bin", data);
+  ckz::Archive a = ckz::Archive::FromBytes(test::B(archive), "f32.ckz");
+  ASSERT_GT(a.index().chunks.size(), 2u);
+  const ckz::Chunk& last = a.index().chunks.back();  // tensor bytes only
+  archive[last.archive_offset + last.stored_bytes() - 100] ^= 0x10;
+  Put(Path("bad.ckz"), archive);
+  auto s = ckz::Skeleton::Build(Path("bad.ckz"), Path("bad.bin"), 1);  // the header is fine
+  MappedFile m = MappedFile::Open(Path("bad.bin"));
+  {
+    MappedFile::Window first(m, 0, 1000);
+    EXPECT_EQ(AsText(first.bytes()), data.substr(0, 1000));
+  }
+  try {
+    MappedFile::Window w(m, data.size() - 10, 10);
+    FAIL() << "a damaged chunk was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.ckz: f32.bin: chunk"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor 'a'"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CompressArchiveTest, EmptyFileRoundTrips) {

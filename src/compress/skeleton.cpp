@@ -1,0 +1,179 @@
+#include "compress/skeleton.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "base/error.h"
+#include "compress/pipeline.h"
+
+namespace ckpt::ckz {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void FailErrno(const std::string& path, const char* what) {
+  Fail("{}: {}: {}", path, what, std::strerror(errno));
+}
+
+void WriteAt(int fd, const std::string& path, Bytes data, uint64_t off) {
+  while (!data.empty()) {
+    ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (errno == ENOSPC || errno == EDQUOT) Fail("{}: no space left on device", path);
+      FailErrno(path, "write failed");
+    }
+    data = data.subspan(static_cast<size_t>(n));
+    off += static_cast<uint64_t>(n);
+  }
+}
+
+// Each thread keeps the last chunk it decoded: windows over small tensors come one after the
+// other from the same chunk, which is then decoded once per thread, not once per tensor.
+struct DecodeCache {
+  uint64_t archive = 0;  // ArchiveFile::id_ of the archive (0: empty)
+  size_t chunk = 0;
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<ChunkCoder> coder;
+
+  ChunkCoder& Coder() {
+    if (!coder) coder = std::make_unique<ChunkCoder>();
+    return *coder;
+  }
+};
+thread_local DecodeCache cache;
+
+std::atomic<uint64_t> next_archive_id{1};
+
+// One file of the archive as a ByteSource: bytes decoded from its chunks, each checked.
+class ArchiveFile : public ByteSource {
+ public:
+  ArchiveFile(std::shared_ptr<const Archive> archive, uint64_t id, size_t entry)
+      : archive_(std::move(archive)), id_(id), entry_(entry) {}
+
+  void Read(uint64_t offset, uint8_t* dst, uint64_t size) const override {
+    const Index& index = archive_->index();
+    const Entry& e = index.entries[entry_];
+    if (offset > e.size || size > e.size - offset)
+      Fail("{}: {}: bytes {}-{} are past the file's end", archive_->name(), e.path, offset,
+           offset + size);
+    const auto first = index.chunks.begin() + static_cast<ptrdiff_t>(e.first_chunk);
+    const auto last = first + static_cast<ptrdiff_t>(e.chunk_count);
+    // The first chunk that ends after `offset` (a file's chunks tile it in order).
+    auto it = std::upper_bound(first, last, offset, [](uint64_t off, const Chunk& c) {
+      return off < c.offset + c.length;
+    });
+    const uint64_t end = offset + size;
+    for (; it != last && it->offset < end; ++it) {
+      const Chunk& c = *it;
+      size_t k = static_cast<size_t>(it - index.chunks.begin());
+      uint64_t lo = std::max(offset, c.offset), hi = std::min(end, c.offset + c.length);
+      if (lo == c.offset && hi == c.offset + c.length) {  // the whole chunk: decode in place
+        archive_->DecodeChunk(cache.Coder(), k, dst + (lo - offset));
+        continue;
+      }
+      if (cache.archive != id_ || cache.chunk != k) {
+        if (cache.bytes.size() < c.length) cache.bytes.resize(c.length);
+        cache.archive = 0;
+        archive_->DecodeChunk(cache.Coder(), k, cache.bytes.data());
+        cache.archive = id_;
+        cache.chunk = k;
+      }
+      std::memcpy(dst + (lo - offset), cache.bytes.data() + (lo - c.offset), hi - lo);
+    }
+  }
+
+ private:
+  std::shared_ptr<const Archive> archive_;
+  uint64_t id_;
+  size_t entry_;
+};
+
+// Writes the plain bytes of file entry `i` into `path` (created sparse, at its full size).
+// Only chunks holding plain bytes are decoded (and checked); tensor-only chunks are skipped.
+uint64_t WritePlainBytes(const Archive& a, size_t i, const std::string& path, unsigned threads) {
+  const Index& index = a.index();
+  const Entry& e = index.entries[i];
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) FailErrno(path, "cannot create");
+  std::atomic<uint64_t> plain{0};
+  try {
+    if (::ftruncate(fd, static_cast<off_t>(e.size)) != 0) FailErrno(path, "cannot set the size");
+    std::vector<std::unique_ptr<ChunkCoder>> coders(threads);
+    std::vector<std::vector<uint8_t>> buffers(threads);
+    ParallelWorkers(e.chunk_count, threads, [&](size_t j, unsigned w) {
+      size_t k = static_cast<size_t>(e.first_chunk + j);
+      const Chunk& c = index.chunks[k];
+      std::vector<Run> runs = RunsOf(e.ranges, c.offset, c.length);
+      bool any = false;
+      for (const Run& r : runs) any = any || r.transform == Transform::kBytes;
+      if (!any) return;
+      if (!coders[w]) coders[w] = std::make_unique<ChunkCoder>();
+      buffers[w].resize(c.length);
+      a.DecodeChunk(*coders[w], k, buffers[w].data());
+      uint64_t at = 0;
+      for (const Run& r : runs) {
+        if (r.transform == Transform::kBytes) {
+          WriteAt(fd, path, {buffers[w].data() + at, r.length}, c.offset + at);
+          plain += r.length;
+        }
+        at += r.length;
+      }
+    });
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) FailErrno(path, "write failed");
+  return plain;
+}
+
+}  // namespace
+
+std::unique_ptr<Skeleton> Skeleton::Build(const std::string& archive, const std::string& dest,
+                                          unsigned threads) {
+  auto a = std::make_shared<const Archive>(Archive::Open(archive));
+  const Index& index = a->index();
+  const uint64_t id = next_archive_id++;
+  threads = std::max(1u, threads);
+  std::unique_ptr<Skeleton> s(new Skeleton());
+  s->dest_ = dest;
+  auto at = [&](const Entry& e) {
+    return index.kind == ArchiveKind::kFile || e.path.empty() ? dest : dest + "/" + e.path;
+  };
+  for (const Entry& e : index.entries) {  // folders come before what they hold
+    if (e.type == EntryType::kFolder && ::mkdir(at(e).c_str(), 0700) != 0)
+      FailErrno(at(e), "cannot create the folder");
+  }
+  for (size_t i = 0; i < index.entries.size(); ++i) {
+    const Entry& e = index.entries[i];
+    if (e.type == EntryType::kSymlink) {
+      if (::symlink(e.target.c_str(), at(e).c_str()) != 0)
+        FailErrno(at(e), "cannot create the symlink");
+      continue;
+    }
+    if (e.type != EntryType::kFile) continue;
+    uint64_t plain = WritePlainBytes(*a, i, at(e), threads);
+    s->plain_bytes_ += plain;
+    s->backed_bytes_ += e.size - plain;
+    s->registered_.push_back(MappedFile::RegisterBacked(
+        at(e), std::make_shared<ArchiveFile>(a, id, i), a->map().stamp()));
+  }
+  if (a->map().stamp().ChangedOnDisk())
+    Fail("{}: the archive changed while it was being read", archive);
+  return s;
+}
+
+Skeleton::~Skeleton() {
+  for (const MappedFile::BackedId& id : registered_) MappedFile::UnregisterBacked(id);
+}
+
+}  // namespace ckpt::ckz

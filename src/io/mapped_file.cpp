@@ -7,9 +7,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace ckpt {
 
@@ -36,6 +38,10 @@ std::map<MappedFile::BackedId, Backing>& BackedFiles() {
   static std::map<MappedFile::BackedId, Backing> files;
   return files;
 }
+
+// Buffers of backed windows this thread used and gave back, largest last; a few are kept.
+thread_local std::vector<MappedFile::Window::Buffer> spare_buffers;
+constexpr size_t kSpareBuffers = 4;
 
 MappedFile::BackedId IdOf(const struct stat& st) {
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
@@ -123,12 +129,34 @@ void MappedFile::Reset() {
 MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
     : f_(f), offset_(offset), size_(size), bytes_(Slice(f.bytes(), offset, size)) {
   if (f.source_) {
-    buffer_.reset(new uint8_t[size]);  // filled by Read; no zeroing
-    f.source_->Read(offset, buffer_.get(), size);
-    bytes_ = {buffer_.get(), size};
+    auto& spares = spare_buffers;
+    auto fits = std::find_if(spares.begin(), spares.end(),
+                             [size](const Buffer& b) { return b.capacity >= size; });
+    if (fits != spares.end()) {
+      buffer_ = std::move(*fits);
+      spares.erase(fits);
+    } else {
+      buffer_.data.reset(new uint8_t[std::max<uint64_t>(size, 1)]);  // filled by Read
+      buffer_.capacity = size;
+    }
+    f.source_->Read(offset, buffer_.data.get(), size);
+    bytes_ = {buffer_.data.get(), size};
     return;
   }
   f.Populate(offset, size);
+}
+
+MappedFile::Window::~Window() {
+  if (!buffer_.data) {
+    f_.Release(offset_, size_);
+    return;
+  }
+  auto& spares = spare_buffers;
+  auto at = std::lower_bound(
+      spares.begin(), spares.end(), buffer_.capacity,
+      [](const Buffer& b, uint64_t capacity) { return b.capacity < capacity; });
+  spares.insert(at, std::move(buffer_));
+  if (spares.size() > kSpareBuffers) spares.erase(spares.begin());  // keep the largest
 }
 
 bool MappedFile::Stamp::ChangedOnDisk() const {

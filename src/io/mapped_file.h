@@ -73,19 +73,24 @@ class MappedFile {
   class Window {
    public:
     Window(const MappedFile& f, uint64_t offset, uint64_t size);
-    ~Window() {
-      if (!buffer_) f_.Release(offset_, size_);
-    }
+    ~Window();
     Window(const Window&) = delete;
     Window& operator=(const Window&) = delete;
     Bytes bytes() const { return bytes_; }
+
+    // Of a backed file: a buffer taken from this thread's spares (fresh pages for every
+    // window would cost a page fault per 4 KiB read) and given back when the window goes.
+    struct Buffer {
+      std::unique_ptr<uint8_t[]> data;
+      uint64_t capacity = 0;
+    };
 
    private:
     const MappedFile& f_;
     uint64_t offset_;
     uint64_t size_;
     Bytes bytes_;
-    std::unique_ptr<uint8_t[]> buffer_;
+    Buffer buffer_;
   };
 
   // Tells the kernel we will read [offset, offset+size) front to back.

@@ -134,6 +134,8 @@ const char* FileFormatName(FileFormat f) {
       return "torch-legacy";
     case FileFormat::kSafetensors:
       return "safetensors";
+    case FileFormat::kDcpData:
+      return "dcp-data";
   }
   return "?";
 }
@@ -372,7 +374,7 @@ Index ParseIndex(Bytes raw, uint64_t archive_size, uint64_t index_offset) {
       if (e.size > kMaxFileSize) Fail("{}: size {}", where, e.size);
       e.crc = c.ReadLE<uint32_t>();
       uint8_t format = c.ReadU8();
-      if (format > 3) Fail("{}: unknown format {}", where, format);
+      if (format > 4) Fail("{}: unknown format {}", where, format);
       e.format = static_cast<FileFormat>(format);
       e.first_chunk = c.ReadLE<uint64_t>();
       e.chunk_count = c.ReadLE<uint64_t>();

@@ -43,7 +43,8 @@
 //          ".." component; "" is the archived folder itself; a one-file archive holds the
 //          file's name. A symlink adds u32 + its target. A file adds:
 //          u64 size, u32 crc32 of all its bytes, u8 format (0 other, 1 torch zip, 2 torch
-//          legacy, 3 safetensors), u64 first chunk, u64 chunk count,
+//          legacy, 3 safetensors, 4 torch.distributed.checkpoint data file: torch.save
+//          archives one after another), u64 first chunk, u64 chunk count,
 //          u32 typed ranges, each u64 offset, u64 length, u8 transform (sorted, disjoint,
 //          whole elements; bytes outside them are plain bytes),
 //          u32 tensors, each u32 + name, u8 + dtype name, u8 rank, i64 per dimension,
@@ -95,7 +96,13 @@ enum class Coding : uint8_t { kTyped = 0, kWhole = 1 };
 
 enum class EntryType : uint8_t { kFile = 0, kFolder = 1, kSymlink = 2 };
 
-enum class FileFormat : uint8_t { kOther = 0, kTorchZip = 1, kTorchLegacy = 2, kSafetensors = 3 };
+enum class FileFormat : uint8_t {
+  kOther = 0,
+  kTorchZip = 1,
+  kTorchLegacy = 2,
+  kSafetensors = 3,
+  kDcpData = 4,  // a .distcp file: items at the offsets its folder's metadata gives
+};
 const char* FileFormatName(FileFormat f);
 
 struct Plane {

@@ -125,6 +125,28 @@ FileLayout AnalyzeFile(Bytes file) {
   return out;
 }
 
+FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items) {
+  FileLayout out;
+  for (const ItemSpan& item : items) {
+    if (item.offset > file.size() || item.length > file.size() - item.offset) continue;
+    FileLayout one = AnalyzeFile(Slice(file, item.offset, item.length));
+    if (one.format != FileFormat::kTorchZip && one.format != FileFormat::kTorchLegacy) continue;
+    out.format = FileFormat::kDcpData;
+    for (TypedRange r : one.ranges) {
+      r.offset += item.offset;
+      out.ranges.push_back(r);
+    }
+    for (TensorInfo& t : one.tensors) {
+      t.name = t.name.empty() ? item.name : item.name + "." + t.name;
+      t.begin += item.offset;
+      t.end += item.offset;
+      out.tensors.push_back(std::move(t));
+    }
+  }
+  out.ranges = Normalize(std::move(out.ranges), file.size());
+  return out;
+}
+
 std::vector<ChunkSpan> PlanChunks(uint64_t size, const std::vector<TypedRange>& ranges,
                                   uint64_t min_chunk, uint64_t max_chunk) {
   std::vector<ChunkSpan> chunks;

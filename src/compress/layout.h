@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/byte_cursor.h"
@@ -25,6 +26,20 @@ struct FileLayout {
 
 // Never throws for bad input: a file that does not parse is plain bytes.
 FileLayout AnalyzeFile(Bytes file);
+
+// One item of a torch.distributed.checkpoint data file (*.distcp): a torch.save archive of
+// one tensor chunk at [offset, offset + length), as its folder's storage_data says; `name`
+// names its tensors (the fqn, and the chunk's offsets when it is a piece).
+struct ItemSpan {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::string name;
+};
+
+// Each item analysed as a file of its own, its ranges and tensors moved to where it sits.
+// Items that do not parse (or lie outside the file) stay plain bytes; the format is kOther
+// when no item parsed.
+FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items);
 
 struct ChunkSpan {
   uint64_t offset = 0;

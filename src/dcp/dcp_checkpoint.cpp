@@ -541,7 +541,8 @@ void ForEachRun(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t c
 // they do not become one write each. The staging is filled with preadv: the rows one chunk
 // contributes lie one after another in its item, so each chunk's rows come in one call that
 // scatters them to their places, without mapping a page. Elements of a strided item (rare)
-// are copied from the mapping one by one.
+// are copied from the mapping one by one. A backed file (a .ckz archive read in place, whose
+// tensor bytes are not on disk) is read through MappedFile::Read instead of preadv.
 void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t count,
                const SpanSink& sink) {
   if (count == 0) return;
@@ -565,6 +566,11 @@ void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t co
     for (size_t i = 0; i < pending.size();) {
       const Pending& p0 = pending[i];
       const MappedFile& map = *p0.item->map;
+      if (map.backed()) {  // a .ckz archive read in place: its bytes are not on disk
+        map.Read(p0.item->archive_offset + p0.src, stage.data() + p0.dst, p0.size);
+        ++i;
+        continue;
+      }
       iov.clear();
       uint64_t at = p0.src, total = 0;
       size_t j = i;
@@ -605,33 +611,38 @@ void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t co
     if (!stage.empty()) sink(Bytes(stage.data(), stage.size()));
     stage.clear();
   };
-  ForEachRun(c, t, first, count,
-             [&](const Item& item, uint64_t base, uint64_t run, int64_t stride) {
-               uint64_t bytes = run * esize;
-               if (stride == 1 && bytes >= kDirect && item.map != nullptr) {
-                 flush();
-                 MappedFile::Window w(*item.map, item.archive_offset + base, bytes);
-                 sink(w.bytes());
-               } else if (stride == 1) {
-                 if (stage.size() + bytes > kStage) flush();
-                 if (bytes > kStage) {
-                   sink(item.archive.subspan(base, bytes));
-                 } else if (item.map != nullptr) {
-                   pending.push_back({&item, base, stage.size(), bytes});
-                   stage.resize(stage.size() + bytes);
-                 } else {
-                   const uint8_t* p = item.archive.data() + base;
-                   stage.insert(stage.end(), p, p + bytes);
-                 }
-               } else {
-                 for (uint64_t e = 0; e < run; ++e) {
-                   if (stage.size() + esize > kStage) flush();
-                   const uint8_t* p =
-                       item.archive.data() + base + e * static_cast<uint64_t>(stride) * esize;
-                   stage.insert(stage.end(), p, p + esize);
-                 }
-               }
-             });
+  ForEachRun(
+      c, t, first, count, [&](const Item& item, uint64_t base, uint64_t run, int64_t stride) {
+        uint64_t bytes = run * esize;
+        if (stride == 1 && bytes >= kDirect && item.map != nullptr) {
+          flush();
+          MappedFile::Window w(*item.map, item.archive_offset + base, bytes);
+          sink(w.bytes());
+        } else if (stride == 1) {
+          if (stage.size() + bytes > kStage) flush();
+          if (bytes > kStage) {
+            sink(item.archive.subspan(base, bytes));
+          } else if (item.map != nullptr) {
+            pending.push_back({&item, base, stage.size(), bytes});
+            stage.resize(stage.size() + bytes);
+          } else {
+            const uint8_t* p = item.archive.data() + base;
+            stage.insert(stage.end(), p, p + bytes);
+          }
+        } else {
+          for (uint64_t e = 0; e < run; ++e) {
+            if (stage.size() + esize > kStage) flush();
+            uint64_t at = base + e * static_cast<uint64_t>(stride) * esize;
+            if (item.map != nullptr && item.map->backed()) {
+              stage.resize(stage.size() + esize);
+              item.map->Read(item.archive_offset + at, stage.data() + stage.size() - esize, esize);
+              continue;
+            }
+            const uint8_t* p = item.archive.data() + at;
+            stage.insert(stage.end(), p, p + esize);
+          }
+        }
+      });
   flush();
 }
 
@@ -663,26 +674,43 @@ Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files) {
   return c;
 }
 
+namespace {
+
+// The metadata files of `folder` read and merged into c.meta (names and bytes recorded).
+void ReadMetadataInto(const std::string& folder, Checkpoint& c) {
+  c.metadata_files = MetadataFiles(folder);
+  if (c.metadata_files.empty())
+    Fail("no .metadata file: not a torch.distributed.checkpoint folder");
+  std::optional<MetadataMerger> merger;
+  for (size_t i = 0; i < c.metadata_files.size(); ++i) {
+    const std::string& name = c.metadata_files[i];
+    MappedFile m = MappedFile::Open((fs::path(folder) / name).string());
+    c.metadata_bytes += m.size();
+    Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
+    if (i == 0) {
+      c.meta = std::move(md);
+      merger.emplace(c.meta);
+    } else {
+      merger->Add(std::move(md), name);
+    }
+  }
+}
+
+}  // namespace
+
+Metadata ReadFolderMetadata(const std::string& folder) {
+  return WithContext(folder, [&] {
+    Checkpoint c;
+    ReadMetadataInto(folder, c);
+    return std::move(c.meta);
+  });
+}
+
 Checkpoint OpenDcp(const std::string& folder) {
   return WithContext(folder, [&] {
     Checkpoint c;
     c.folder = folder;
-    c.metadata_files = MetadataFiles(folder);
-    if (c.metadata_files.empty())
-      Fail("no .metadata file: not a torch.distributed.checkpoint folder");
-    std::optional<MetadataMerger> merger;
-    for (size_t i = 0; i < c.metadata_files.size(); ++i) {
-      const std::string& name = c.metadata_files[i];
-      MappedFile m = MappedFile::Open((fs::path(folder) / name).string());
-      c.metadata_bytes += m.size();
-      Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
-      if (i == 0) {
-        c.meta = std::move(md);
-        merger.emplace(c.meta);
-      } else {
-        merger->Add(std::move(md), name);
-      }
-    }
+    ReadMetadataInto(folder, c);
     std::vector<std::string> paths;
     for (const StorageEntry& s : c.meta.storage) paths.push_back(s.path);
     std::sort(paths.begin(), paths.end(), DigitAwareLess);

@@ -154,6 +154,10 @@ bool LooksLikeDcpCheckpoint(const std::string& path);
 // A file that only makes sense as part of such a folder (*.distcp, .metadata)?
 bool IsDcpPart(const std::string& path);
 
+// The folder's metadata (.metadata, or the __<rank>.metadata files merged) alone, without
+// opening its data files. Throws ckpt::Error (naming the folder) when it is unreadable.
+Metadata ReadFolderMetadata(const std::string& folder);
+
 // Reads the folder. Throws ckpt::Error (naming the folder) when the metadata is unreadable;
 // every other problem is recorded in problems.
 Checkpoint OpenDcp(const std::string& folder);

@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -146,15 +146,24 @@ MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
   f.Populate(offset, size);
 }
 
+void MappedFile::Read(uint64_t offset, uint8_t* dst, uint64_t size) const {
+  Bytes piece = Slice(bytes(), offset, size);
+  if (source_) {
+    source_->Read(offset, dst, size);
+  } else if (size > 0) {
+    std::memcpy(dst, piece.data(), size);
+  }
+}
+
 MappedFile::Window::~Window() {
   if (!buffer_.data) {
     f_.Release(offset_, size_);
     return;
   }
   auto& spares = spare_buffers;
-  auto at = std::lower_bound(
-      spares.begin(), spares.end(), buffer_.capacity,
-      [](const Buffer& b, uint64_t capacity) { return b.capacity < capacity; });
+  auto at =
+      std::lower_bound(spares.begin(), spares.end(), buffer_.capacity,
+                       [](const Buffer& b, uint64_t capacity) { return b.capacity < capacity; });
   spares.insert(at, std::move(buffer_));
   if (spares.size() > kSpareBuffers) spares.erase(spares.begin());  // keep the largest
 }

@@ -64,8 +64,11 @@ class MappedFile {
   static BackedId RegisterBacked(const std::string& path, std::shared_ptr<const ByteSource> source,
                                  Stamp origin);
   static void UnregisterBacked(BackedId id);
-  // Is this file read through a ByteSource? Then only Window sees every byte.
+  // Is this file read through a ByteSource? Then only Window and Read see every byte.
   bool backed() const { return source_ != nullptr; }
+  // Copies [offset, offset + size) into dst (from the map, or the ByteSource of a backed
+  // file). Throws when the range is outside the file.
+  void Read(uint64_t offset, uint8_t* dst, uint64_t size) const;
 
   // A piece of the file being streamed through: mapped in one call when created, dropped
   // from our resident set when destroyed. Keeps RSS flat and page faults few. Of a backed

@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "base/human.h"
 #include "base/perf.h"
 #include "compress/layout.h"
 #include "compress/pipeline.h"
+#include "dcp/dcp_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/folders.h"
@@ -203,6 +205,38 @@ Collected CollectFolder(const std::string& root, const std::string& skip) {
   return c;
 }
 
+// The items of every torch.distributed.checkpoint folder being archived, by the archive path
+// of the data file holding them: the folder's metadata says where each item is (its data
+// files are not read here). Items through a stream transform (zstd) are left out: their
+// bytes are not tensor elements. A folder whose metadata does not parse is plain bytes.
+std::unordered_map<std::string, std::vector<ckz::ItemSpan>> DcpItems(const Collected& c) {
+  std::unordered_map<std::string, std::vector<ckz::ItemSpan>> items;
+  for (size_t i = 0; i < c.index.entries.size(); ++i) {
+    const Entry& e = c.index.entries[i];
+    if (e.type != EntryType::kFolder || !dcp::LooksLikeDcpCheckpoint(c.paths[i])) continue;
+    dcp::Metadata md;
+    try {
+      md = dcp::ReadFolderMetadata(c.paths[i]);
+    } catch (const Error&) {
+      continue;
+    }
+    for (const dcp::StorageEntry& s : md.storage) {
+      if (!s.transforms.empty() || !ckz::IsSafeRelativePath(s.path) || s.path.empty()) continue;
+      std::string name = s.fqn;
+      bool piece = false;
+      for (int64_t v : s.offsets) piece = piece || v != 0;
+      if (piece) {
+        name += "[";
+        for (size_t d = 0; d < s.offsets.size(); ++d)
+          name += fmt::format("{}{}", d ? "," : "", s.offsets[d]);
+        name += "]";
+      }
+      items[e.path.empty() ? s.path : e.path + "/" + s.path].push_back({s.offset, s.length, name});
+    }
+  }
+  return items;
+}
+
 // Per transform (and the plain-zstd fallback): original bytes and the plane bytes they
 // became, from the index alone.
 struct PlaneStat {
@@ -324,6 +358,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
   std::vector<std::unique_ptr<InputFile>> inputs(index.entries.size());
   {
     PerfTimer t("analyse");
+    std::unordered_map<std::string, std::vector<ckz::ItemSpan>> dcp_items = DcpItems(c);
     for (size_t i = 0; i < index.entries.size(); ++i) {
       Entry& e = index.entries[i];
       if (e.type != EntryType::kFile) continue;
@@ -332,7 +367,10 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       MappedFile m = MappedFile::Open(in->path);
       in->stamp = m.stamp();
       e.size = m.size();
-      ckz::FileLayout layout = ckz::AnalyzeFile(m.bytes());
+      auto items = dcp_items.find(e.path);
+      ckz::FileLayout layout = items != dcp_items.end()
+                                   ? ckz::AnalyzeItems(m.bytes(), items->second)
+                                   : ckz::AnalyzeFile(m.bytes());
       e.format = layout.format;
       e.ranges = std::move(layout.ranges);
       e.tensors = std::move(layout.tensors);

@@ -162,6 +162,40 @@ class CompressRoundTrip(CkptTestCase):
         doc = json.loads(run("inspect", "--json", p + ".ckz").stdout)
         self.assertEqual(doc["archives"][0]["entries"][0]["format"], "safetensors")
 
+    def test_dcp_folder_items_are_coded_by_dtype(self):
+        """A torch.distributed.checkpoint folder's .distcp files are items at the offsets its
+        metadata gives, each a torch.save archive: their tensors are found (and coded by dtype)
+        without reading the items' pickles as one file; zstd-transformed items stay plain."""
+        import dcp_fixtures as dcp
+        cases = dcp.standard_cases()
+        for name in ("fsdp_tp_bf16", "uneven_fp32", "per_rank_metadata", "megatron", "zstd"):
+            with self.subTest(case=name):
+                folder = self.path(name)
+                cases[name](folder)
+                run("compress", "-q", folder)
+                restored = self.path(name + ".restored")
+                run("decompress", "-q", folder + ".ckz", "-o", restored)
+                distcp = 0
+                for root, _, files in os.walk(folder):
+                    for f in files:
+                        rel = os.path.relpath(os.path.join(root, f), folder)
+                        self.assertEqual(sha256(os.path.join(restored, rel)), sha256(os.path.join(root, f)), rel)
+                        distcp += f.endswith(".distcp")
+                self.assertGreater(distcp, 0)
+                doc = json.loads(run("inspect", "--json", folder + ".ckz").stdout)
+                entries = [e for e in doc["archives"][0]["entries"] if e["path"].endswith(".distcp")]
+                self.assertEqual(len(entries), distcp)
+                for e in entries:
+                    if name == "zstd":
+                        self.assertEqual((e["format"], e["tensors"]), ("other", []), e["path"])
+                    else:
+                        self.assertEqual(e["format"], "dcp-data", e["path"])
+                        self.assertTrue(e["tensors"], e["path"])
+                        for t in e["tensors"]:  # inside the file, named by fqn
+                            self.assertLessEqual(t["end"], e["bytes"])
+                            self.assertTrue(t["name"], e["path"])
+                run("verify", folder + ".ckz")
+
     def test_not_a_checkpoint_and_incompressible_bytes(self):
         p = self.path("random.bin")
         with open(p, "wb") as f:
@@ -386,7 +420,7 @@ class ExportFromArchive(CkptTestCase):
             p = self.assert_same_export(root, root + ".ckz", out_name=f"zero{stage}_out")
             self.assertNotIn("0B of tensors decoded", p.stdout)
         cases = dcp.standard_cases()
-        for name in ("fsdp_tp_bf16", "uneven_fp32", "megatron"):
+        for name in ("fsdp_tp_bf16", "uneven_fp32", "megatron", "zstd", "legacy_shard_113"):
             folder = self.path(name)
             cases[name](folder)
             run("compress", "-q", folder)

@@ -374,8 +374,9 @@ Index ParseIndex(Bytes raw, uint64_t archive_size, uint64_t index_offset) {
       if (e.size > kMaxFileSize) Fail("{}: size {}", where, e.size);
       e.crc = c.ReadLE<uint32_t>();
       uint8_t format = c.ReadU8();
-      if (format > 4) Fail("{}: unknown format {}", where, format);
-      e.format = static_cast<FileFormat>(format);
+      // What the file was found to be: informative only (the bytes and ranges say how to
+      // decode it), so a code a later writer adds reads as "other".
+      e.format = format > 4 ? FileFormat::kOther : static_cast<FileFormat>(format);
       e.first_chunk = c.ReadLE<uint64_t>();
       e.chunk_count = c.ReadLE<uint64_t>();
       if (e.first_chunk != next_chunk || e.chunk_count > chunks - next_chunk)

@@ -36,18 +36,55 @@ void WriteAt(int fd, const std::string& path, Bytes data, uint64_t off) {
   }
 }
 
-// Each thread keeps the last chunk it decoded: windows over small tensors come one after the
-// other from the same chunk, which is then decoded once per thread, not once per tensor.
-struct DecodeCache {
-  uint64_t archive = 0;  // ArchiveFile::id_ of the archive (0: empty)
-  size_t chunk = 0;
-  std::vector<uint8_t> bytes;
-  std::unique_ptr<ChunkCoder> coder;
+// Each thread keeps the last few chunks it decoded: windows over small tensors come one
+// after the other from the same chunk, and a tensor split across files (a DCP tensor sharded
+// on its second dimension) is read row by row from each in turn; either way a chunk is then
+// decoded once per thread, not once per window.
+class DecodeCache {
+ public:
+  // The decoded bytes of chunk k of `archive` (identified by `id`).
+  const uint8_t* Get(const Archive& archive, uint64_t id, size_t k) {
+    ++clock_;
+    for (Slot& s : slots_) {
+      if (s.archive == id && s.chunk == k) {
+        s.used = clock_;
+        return s.bytes.data();
+      }
+    }
+    const uint32_t length = archive.index().chunks[k].length;
+    Slot* slot = nullptr;
+    if (slots_.size() < kSlots) {
+      slots_.reserve(kSlots);
+      slot = &slots_.emplace_back();
+    } else {
+      slot = &*std::min_element(slots_.begin(), slots_.end(),
+                                [](const Slot& a, const Slot& b) { return a.used < b.used; });
+    }
+    if (slot->bytes.size() < length) slot->bytes.resize(length);
+    slot->archive = 0;  // empty until decoded and checked
+    archive.DecodeChunk(Coder(), k, slot->bytes.data());
+    slot->archive = id;
+    slot->chunk = k;
+    slot->used = clock_;
+    return slot->bytes.data();
+  }
 
   ChunkCoder& Coder() {
-    if (!coder) coder = std::make_unique<ChunkCoder>();
-    return *coder;
+    if (!coder_) coder_ = std::make_unique<ChunkCoder>();
+    return *coder_;
   }
+
+ private:
+  static constexpr size_t kSlots = 8;  // 8 MiB per thread at the writer's 1 MiB chunks
+  struct Slot {
+    uint64_t archive = 0;  // ArchiveFile id (0: empty)
+    size_t chunk = 0;
+    uint64_t used = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Slot> slots_;
+  uint64_t clock_ = 0;
+  std::unique_ptr<ChunkCoder> coder_;
 };
 thread_local DecodeCache cache;
 
@@ -56,8 +93,27 @@ std::atomic<uint64_t> next_archive_id{1};
 // One file of the archive as a ByteSource: bytes decoded from its chunks, each checked.
 class ArchiveFile : public ByteSource {
  public:
-  ArchiveFile(std::shared_ptr<const Archive> archive, uint64_t id, size_t entry)
-      : archive_(std::move(archive)), id_(id), entry_(entry) {}
+  ArchiveFile(std::shared_ptr<const Archive> archive, uint64_t id, size_t entry, std::string path)
+      : archive_(std::move(archive)), id_(id), entry_(entry), path_(std::move(path)) {}
+
+  void Materialize(uint64_t offset, uint64_t size) const override {
+    int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) FailErrno(path_, "cannot open");
+    try {
+      std::vector<uint8_t> piece;
+      for (uint64_t at = offset, end = offset + size; at < end;) {
+        uint64_t n = std::min<uint64_t>(end - at, 4u << 20);
+        piece.resize(n);
+        Read(at, piece.data(), n);
+        WriteAt(fd, path_, {piece.data(), n}, at);
+        at += n;
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) FailErrno(path_, "write failed");
+  }
 
   void Read(uint64_t offset, uint8_t* dst, uint64_t size) const override {
     const Index& index = archive_->index();
@@ -80,14 +136,8 @@ class ArchiveFile : public ByteSource {
         archive_->DecodeChunk(cache.Coder(), k, dst + (lo - offset));
         continue;
       }
-      if (cache.archive != id_ || cache.chunk != k) {
-        if (cache.bytes.size() < c.length) cache.bytes.resize(c.length);
-        cache.archive = 0;
-        archive_->DecodeChunk(cache.Coder(), k, cache.bytes.data());
-        cache.archive = id_;
-        cache.chunk = k;
-      }
-      std::memcpy(dst + (lo - offset), cache.bytes.data() + (lo - c.offset), hi - lo);
+      const uint8_t* chunk = cache.Get(*archive_, id_, k);
+      std::memcpy(dst + (lo - offset), chunk + (lo - c.offset), hi - lo);
     }
   }
 
@@ -95,6 +145,7 @@ class ArchiveFile : public ByteSource {
   std::shared_ptr<const Archive> archive_;
   uint64_t id_;
   size_t entry_;
+  std::string path_;  // the skeleton file
 };
 
 // Writes the plain bytes of file entry `i` into `path` (created sparse, at its full size).
@@ -164,8 +215,10 @@ std::unique_ptr<Skeleton> Skeleton::Build(const std::string& archive, const std:
     uint64_t plain = WritePlainBytes(*a, i, at(e), threads);
     s->plain_bytes_ += plain;
     s->backed_bytes_ += e.size - plain;
+    if (plain == e.size) continue;                      // all of it on disk: an ordinary file
+    s->registered_.reserve(s->registered_.size() + 1);  // no throw once registered
     s->registered_.push_back(MappedFile::RegisterBacked(
-        at(e), std::make_shared<ArchiveFile>(a, id, i), a->map().stamp()));
+        at(e), std::make_shared<ArchiveFile>(a, id, i, at(e)), a->map().stamp()));
   }
   if (a->map().stamp().ChangedOnDisk())
     Fail("{}: the archive changed while it was being read", archive);

@@ -42,6 +42,7 @@ std::map<MappedFile::BackedId, Backing>& BackedFiles() {
 // Buffers of backed windows this thread used and gave back, largest last; a few are kept.
 thread_local std::vector<MappedFile::Window::Buffer> spare_buffers;
 constexpr size_t kSpareBuffers = 4;
+constexpr uint64_t kLargestSpare = 64ull << 20;
 
 MappedFile::BackedId IdOf(const struct stat& st) {
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
@@ -155,6 +156,11 @@ void MappedFile::Read(uint64_t offset, uint8_t* dst, uint64_t size) const {
   }
 }
 
+void MappedFile::Materialize(uint64_t offset, uint64_t size) const {
+  Slice(bytes(), offset, size);  // inside the file
+  if (source_ && size > 0) source_->Materialize(offset, size);
+}
+
 MappedFile::Window::~Window() {
   if (!buffer_.data) {
     f_.Release(offset_, size_);
@@ -164,6 +170,7 @@ MappedFile::Window::~Window() {
   auto at =
       std::lower_bound(spares.begin(), spares.end(), buffer_.capacity,
                        [](const Buffer& b, uint64_t capacity) { return b.capacity < capacity; });
+  if (buffer_.capacity > kLargestSpare) return;  // freed
   spares.insert(at, std::move(buffer_));
   if (spares.size() > kSpareBuffers) spares.erase(spares.begin());  // keep the largest
 }

@@ -21,6 +21,8 @@ class ByteSource {
   virtual ~ByteSource() = default;
   // Fills dst with the file's bytes [offset, offset + size); throws ckpt::Error on damage.
   virtual void Read(uint64_t offset, uint8_t* dst, uint64_t size) const = 0;
+  // Writes those bytes into the file on disk, so that mappings of it show them.
+  virtual void Materialize(uint64_t offset, uint64_t size) const = 0;
 };
 
 class MappedFile {
@@ -69,6 +71,9 @@ class MappedFile {
   // Copies [offset, offset + size) into dst (from the map, or the ByteSource of a backed
   // file). Throws when the range is outside the file.
   void Read(uint64_t offset, uint8_t* dst, uint64_t size) const;
+  // Of a backed file: writes [offset, offset + size) into the file on disk, so that bytes()
+  // shows it from then on (for reads too scattered for windows). Elsewhere: nothing to do.
+  void Materialize(uint64_t offset, uint64_t size) const;
 
   // A piece of the file being streamed through: mapped in one call when created, dropped
   // from our resident set when destroyed. Keeps RSS flat and page faults few. Of a backed

@@ -13,7 +13,8 @@ uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
 }
 
 std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsigned threads,
-                                  uint64_t piece_size, const PieceFn& fn) {
+                                  uint64_t piece_size, const PieceFn& fn,
+                                  const std::vector<uint64_t>* range_order) {
   struct Piece {
     size_t range;
     uint64_t offset;
@@ -31,8 +32,14 @@ std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsi
   // Largest first keeps the tail short when sizes are uneven.
   std::vector<size_t> order(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return pieces[a].length > pieces[b].length; });
+  if (range_order) {  // pieces of one range are already in offset order
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return (*range_order)[pieces[a].range] < (*range_order)[pieces[b].range];
+    });
+  } else {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return pieces[a].length > pieces[b].length; });
+  }
   std::vector<uint32_t> crcs(pieces.size(), 0);
   ParallelFor(order.size(), threads, [&](size_t k) {
     const Piece& p = pieces[order[k]];

@@ -22,8 +22,13 @@ inline uint64_t WholeRange(uint64_t bytes) {
 // fn(range, offset_in_range, length) returns the CRC32 of that piece.
 using PieceFn = std::function<uint32_t(size_t range, uint64_t offset, uint64_t length)>;
 
+// Pieces are handed out largest first (a short tail when sizes are uneven), or, when
+// `range_order` is given (one key per range), by (key, offset): in the order their bytes are
+// read, for inputs where reading out of order costs (a .ckz archive read in place decodes a
+// whole chunk to serve any piece of it).
 std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsigned threads,
-                                  uint64_t piece_size, const PieceFn& fn);
+                                  uint64_t piece_size, const PieceFn& fn,
+                                  const std::vector<uint64_t>* range_order = nullptr);
 
 // CRC of a+b from CRC(a), CRC(b) and len(b).
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);

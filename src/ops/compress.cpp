@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -217,11 +218,13 @@ std::unordered_map<std::string, std::vector<ckz::ItemSpan>> DcpItems(const Colle
     dcp::Metadata md;
     try {
       md = dcp::ReadFolderMetadata(c.paths[i]);
-    } catch (const Error&) {
+    } catch (const std::exception&) {
       continue;
     }
+    std::set<std::pair<std::string_view, uint64_t>> seen;  // per-rank metadata may repeat one
     for (const dcp::StorageEntry& s : md.storage) {
       if (!s.transforms.empty() || !ckz::IsSafeRelativePath(s.path) || s.path.empty()) continue;
+      if (!seen.emplace(s.path, s.offset).second) continue;
       std::string name = s.fqn;
       bool piece = false;
       for (int64_t v : s.offsets) piece = piece || v != 0;

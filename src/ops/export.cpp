@@ -295,9 +295,21 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     while (aliases.count(kept)) kept = aliases[kept];
   }
   if (items.empty()) Fail("no tensors to export");
+  // Read order: by file, then where the tensor's bytes are in it.
+  std::vector<uint32_t> by_position(items.size());
+  for (uint32_t i = 0; i < by_position.size(); ++i) by_position[i] = i;
+  auto position = [&](const ExportedTensor& it) {
+    const torch::Model& m = files[it.file]->torch->model;
+    const torch::Tensor& t = m.tensors[it.tensor];
+    return std::make_pair(it.file, m.storages[t.storage].data_offset + t.byte_begin);
+  };
+  std::sort(by_position.begin(), by_position.end(),
+            [&](uint32_t a, uint32_t b) { return position(items[a]) < position(items[b]); });
   std::vector<TensorSource> outputs;
   outputs.reserve(items.size());
   for (const ExportedTensor& it : items) outputs.push_back(SourceOf(it, *files[it.file], o.to));
+  for (uint32_t rank = 0; rank < by_position.size(); ++rank)
+    outputs[by_position[rank]].read_order = rank;
   SafetensorsModelOptions so;
   so.max_shard_size = o.max_shard_size;
   so.threads = o.threads;

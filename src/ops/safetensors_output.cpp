@@ -45,40 +45,59 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
   for (const TensorSource& t : tensors) sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
-  std::vector<uint32_t> crcs =
-      ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
+  bool backed = false;
+  for (const MappedFile* in : o.inputs) backed = backed || in->backed();
+  std::vector<uint64_t> read_order;
+  if (backed) {
+    read_order.reserve(tensors.size());
+    for (const TensorSource& t : tensors) read_order.push_back(t.read_order);
+  }
+  std::vector<uint32_t> crcs = ParallelCrc(
+      sizes, o.threads, kCrcPiece,
+      [&](size_t i, uint64_t off, uint64_t len) {
         const TensorSource& t = tensors[i];
         return t.whole ? t.write(out, layout.offsets[i], 0, t.size)
                        : t.write(out, layout.offsets[i] + off, off, len);
-      });
+      },
+      backed ? &read_order : nullptr);
   out.SetDefaultMode();
   out.Sync();
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {
     PerfTimer verify("verify");
-    safetensors::File back = safetensors::Parse(written.bytes());
-    if (back.tensors.size() != tensors.size()) Fail("tensor count differs");
+    // Each entry is checked against the plan as the header is parsed; what stays per tensor
+    // is its span (24 bytes), not a table of names, dtypes and shapes.
     std::unordered_map<std::string_view, size_t> index;
+    index.reserve(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+    std::vector<safetensors::Span> spans;
+    spans.reserve(tensors.size());
+    std::vector<bool> seen(tensors.size(), false);
+    safetensors::Header back =
+        safetensors::ParseEach(written.bytes(), [&](safetensors::TensorEntry&& e) {
+          auto it = index.find(e.name);
+          if (it == index.end() || seen[it->second] ||
+              e.dtype != torch::Info(tensors[it->second].dtype).safetensors ||
+              e.shape != tensors[it->second].shape || e.end - e.begin != tensors[it->second].size) {
+            Fail("tensor '{}' is not what was planned", e.name);
+          }
+          seen[it->second] = true;
+          spans.push_back({e.begin, e.end, it->second});
+        });
+    if (spans.size() != tensors.size()) Fail("tensor count differs");
+    safetensors::CheckTiling(spans, written.size() - back.data_offset,
+                             [&](size_t i) -> std::string_view { return tensors[i].name; });
     std::vector<uint64_t> back_sizes;
-    std::vector<size_t> which;
-    for (const safetensors::TensorEntry& e : back.tensors) {
-      auto it = index.find(e.name);
-      if (it == index.end() || e.dtype != torch::Info(tensors[it->second].dtype).safetensors ||
-          e.shape != tensors[it->second].shape || e.end - e.begin != tensors[it->second].size) {
-        Fail("tensor '{}' is not what was planned", e.name);
-      }
-      which.push_back(it->second);
-      back_sizes.push_back(e.end - e.begin);
-    }
+    back_sizes.reserve(spans.size());
+    for (const safetensors::Span& t : spans) back_sizes.push_back(t.end - t.begin);
     std::vector<uint32_t> back_crcs =
         ParallelCrc(back_sizes, o.threads, kCrcPiece, [&](size_t k, uint64_t off, uint64_t len) {
-          MappedFile::Window w(written, back.data_offset + back.tensors[k].begin + off, len);
+          MappedFile::Window w(written, back.data_offset + spans[k].begin + off, len);
           return Crc32(0, w.bytes());
         });
     for (size_t k = 0; k < back_crcs.size(); ++k) {
-      if (back_crcs[k] != crcs[which[k]])
-        Fail("tensor '{}' does not hold the bytes written", back.tensors[k].name);
+      if (back_crcs[k] != crcs[spans[k].id])
+        Fail("tensor '{}' does not hold the bytes written", tensors[spans[k].id].name);
     }
   });
   return out;
@@ -106,6 +125,9 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
   for (const TensorSource& t : tensors) {
     if (torch::Info(t.dtype).safetensors.empty())
       Fail("tensor '{}': safetensors has no {} dtype", t.name, torch::Name(t.dtype));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].read_order == TensorSource::kUnordered) tensors[i].read_order = i;
   }
   // Shards, in order, as Hugging Face splits them.
   std::vector<std::vector<TensorSource>> shards(1);

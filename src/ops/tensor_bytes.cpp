@@ -10,6 +10,9 @@ namespace ckpt {
 namespace {
 
 constexpr size_t kChunk = 4u << 20;
+// A strided view of a backed file reaching more than this is materialized on disk instead of
+// read through a window (memory per thread).
+constexpr uint64_t kBackedReach = 64ull << 20;
 
 }  // namespace
 
@@ -43,15 +46,22 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
     return;
   }
   // Strided: walk the index space row by row (the last dimension is the row). A backed file
-  // (a .ckz archive read in place) holds only plain bytes on disk: the bytes this view can
-  // reach are read through one window, which then starts at file offset `shift`.
+  // (a .ckz archive read in place) holds only plain bytes on disk: the bytes the view can
+  // reach are read through one window when they are few (the window then starts at file
+  // offset `shift`), else written into the file on disk first (a transposed view of a big
+  // storage visits all of it for every row).
   Bytes file = map.bytes();
   uint64_t shift = 0;
   std::optional<MappedFile::Window> reach;
   if (map.backed()) {
-    reach.emplace(map, base + t.byte_begin, t.byte_end - t.byte_begin);
-    file = reach->bytes();
-    shift = base + t.byte_begin;
+    uint64_t from = base + t.byte_begin, size = t.byte_end - t.byte_begin;
+    if (size <= kBackedReach) {
+      reach.emplace(map, from, size);
+      file = reach->bytes();
+      shift = from;
+    } else {
+      map.Materialize(from, size);
+    }
   }
   size_t nd = t.shape.size();
   uint64_t inner = static_cast<uint64_t>(t.shape[nd - 1]);
@@ -59,15 +69,16 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
   std::vector<int64_t> index(nd, 0);
   std::string buf;
   buf.reserve(kChunk + inner * es);
+  auto append = [&](uint64_t at, uint64_t n) { buf.append(AsText(Slice(file, at - shift, n))); };
   uint64_t first = t.byte_begin / es;  // element offset of index (0, ..., 0), incl. view base
   for (uint64_t row = 0; row < t.numel / inner; ++row) {
     uint64_t elem = first;
     for (size_t d = 0; d + 1 < nd; ++d) elem += static_cast<uint64_t>(index[d] * t.stride[d]);
     if (inner_stride == 1) {
-      buf.append(AsText(Slice(file, base + elem * es - shift, inner * es)));
+      append(base + elem * es, inner * es);
     } else {
       for (uint64_t k = 0; k < inner; ++k) {
-        buf.append(AsText(Slice(file, base + (elem + k * inner_stride) * es - shift, es)));
+        append(base + (elem + k * inner_stride) * es, es);
       }
     }
     for (size_t d = nd - 1; d-- > 0;) {  // next index of the outer dimensions

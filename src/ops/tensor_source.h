@@ -24,6 +24,11 @@ struct TensorSource {
   // gather) sets `whole`; it is then called once, with (0, size).
   bool whole = false;
   std::function<uint32_t(AtomicOutput& out, uint64_t dst, uint64_t offset, uint64_t length)> write;
+  // Where its bytes are read, as a rank (input file, then offset); unset: the order of the
+  // list given to the writer. Inputs read through a ByteSource (a .ckz archive read in place)
+  // are read in this order, so a chunk decoded for one tensor serves the next.
+  uint64_t read_order = kUnordered;
+  static constexpr uint64_t kUnordered = ~0ull;
 };
 
 // Refuses an empty list, two tensors of one name, and an alias (alias -> kept name) that is

@@ -214,19 +214,19 @@ struct EntryStream : nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace
 
-File Parse(Bytes file) {
+Header ParseEach(Bytes file, const std::function<void(TensorEntry&&)>& each) {
   ByteCursor c(file);
   if (file.size() < 8) Fail("file too small for a safetensors header ({} bytes)", file.size());
-  File f;
-  f.header_size = c.ReadLE<uint64_t>();
-  if (f.header_size > kMaxHeaderSize) {
-    Fail("header length {} exceeds the {} byte limit", f.header_size, kMaxHeaderSize);
+  Header h;
+  h.header_size = c.ReadLE<uint64_t>();
+  if (h.header_size > kMaxHeaderSize) {
+    Fail("header length {} exceeds the {} byte limit", h.header_size, kMaxHeaderSize);
   }
-  if (f.header_size > c.remaining()) {
-    Fail("header length {} runs past the end of the file ({} bytes)", f.header_size, file.size());
+  if (h.header_size > c.remaining()) {
+    Fail("header length {} runs past the end of the file ({} bytes)", h.header_size, file.size());
   }
-  std::string_view text = c.ReadText(f.header_size);
-  f.data_offset = 8 + f.header_size;
+  std::string_view text = c.ReadText(h.header_size);
+  h.data_offset = 8 + h.header_size;
   if (!ValidUtf8(text)) Fail("header is not valid UTF-8");
 
   EntryStream stream([&](const std::string& key, const nlohmann::json& v) {
@@ -234,36 +234,58 @@ File Parse(Bytes file) {
       if (!v.is_object()) Fail("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m->is_string()) Fail("__metadata__ value for '{}' is not a string", m.key());
-        f.metadata[m.key()] = m->get<std::string>();
+        h.metadata[m.key()] = m->get<std::string>();
       }
       return;
     }
-    f.tensors.push_back(ReadEntry(key, v));
+    each(ReadEntry(key, v));
   });
   if (!nlohmann::json::sax_parse(text.begin(), text.end(), &stream))
     Fail("header is not valid JSON: {}", stream.error);
   if (!stream.top_is_object) Fail("header is not a JSON object");
   if (!stream.duplicate.empty())
     Fail("tensor name '{}' appears twice in the header", stream.duplicate);
+  return h;
+}
+
+void CheckTiling(std::vector<Span>& spans, uint64_t data_size,
+                 const std::function<std::string_view(size_t)>& name_of) {
   // File order; ties (empty tensors at one offset) by name.
-  std::sort(f.tensors.begin(), f.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+  std::sort(spans.begin(), spans.end(), [&](const Span& a, const Span& b) {
     if (a.begin != b.begin) return a.begin < b.begin;
     if (a.end != b.end) return a.end < b.end;
-    return a.name < b.name;
+    return name_of(a.id) < name_of(b.id);
   });
   uint64_t expected = 0;
-  for (const TensorEntry& t : f.tensors) {
+  for (const Span& t : spans) {
     if (t.begin != expected) {
-      Fail("tensor '{}' starts at {} but the previous tensor ends at {} ({})", t.name, t.begin,
-           expected, t.begin < expected ? "overlap" : "hole");
+      Fail("tensor '{}' starts at {} but the previous tensor ends at {} ({})", name_of(t.id),
+           t.begin, expected, t.begin < expected ? "overlap" : "hole");
     }
     expected = t.end;
   }
-  uint64_t buffer = file.size() - f.data_offset;
-  if (expected != buffer) {
+  if (expected != data_size) {
     Fail("tensors cover {} bytes of data but the file has {} bytes after the header", expected,
-         buffer);
+         data_size);
   }
+}
+
+File Parse(Bytes file) {
+  File f;
+  Header h = ParseEach(file, [&](TensorEntry&& e) { f.tensors.push_back(std::move(e)); });
+  f.header_size = h.header_size;
+  f.data_offset = h.data_offset;
+  f.metadata = std::move(h.metadata);
+  std::vector<Span> spans;
+  spans.reserve(f.tensors.size());
+  for (size_t i = 0; i < f.tensors.size(); ++i)
+    spans.push_back({f.tensors[i].begin, f.tensors[i].end, i});
+  CheckTiling(spans, file.size() - f.data_offset,
+              [&](size_t i) -> std::string_view { return f.tensors[i].name; });
+  std::vector<TensorEntry> sorted;
+  sorted.reserve(spans.size());
+  for (const Span& t : spans) sorted.push_back(std::move(f.tensors[t.id]));
+  f.tensors = std::move(sorted);
   return f;
 }
 

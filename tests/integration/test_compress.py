@@ -380,6 +380,7 @@ class ExportFromArchive(CkptTestCase):
         sd = {f"experts.{i}": flat[i * 97:(i + 1) * 97] for i in range(2000)}  # small views, shared
         sd["transposed"] = weights(96 * 160, 6).view(96, 160).t()  # strided
         sd["every_other"] = weights(4096, 7).view(64, 64)[:, ::2]  # strided inside a row
+        sd["sparse_reach"] = weights(17 << 20, 9)[::1001]  # reaches 68 MiB: materialized
         sd["tied"] = sd["experts.3"]
         sd["bf16"] = weights(3000, 8).to(torch.bfloat16)
         sd["ids"] = torch.arange(1000)

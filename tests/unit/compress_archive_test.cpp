@@ -189,6 +189,11 @@ TEST_F(CompressArchiveTest, ASkeletonHoldsThePlainBytesAndWindowsReadTheTensorsF
     }
     MappedFile::Window all(m, 0, data.size());
     EXPECT_EQ(AsText(all.bytes()), data);
+    // Materialized: written into the file, seen through the mapping from then on.
+    m.Materialize(header + 1000, 3u << 20);
+    EXPECT_EQ(AsText(m.bytes().subspan(header + 1000, 3u << 20)),
+              data.substr(header + 1000, 3u << 20));
+    EXPECT_EQ(m.bytes()[header + 999], 0);
   }
   // Once the skeleton is gone the file is just a file again.
   EXPECT_FALSE(MappedFile::Open(dest).backed());

@@ -191,7 +191,8 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
     for (size_t i = 0; i < plan.size(); ++i) {
       const safetensors::TensorEntry& e = back.tensors[i];
       if (e.name != plan[i].out.name || e.dtype != plan[i].out.dtype ||
-          e.shape != plan[i].out.shape) {
+          !std::equal(e.shape.begin(), e.shape.end(), plan[i].out.shape.begin(),
+                      plan[i].out.shape.end())) {
         Fail("tensor '{}' changed", plan[i].out.name);
       }
       uint32_t crc = Crc32(0, Slice(written.bytes(), back.data_offset + e.begin, e.end - e.begin));

@@ -35,7 +35,7 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
   std::vector<safetensors::OutTensor> outs;
   outs.reserve(tensors.size());
   for (const TensorSource& t : tensors) {
-    outs.push_back({t.name, std::string(torch::Info(t.dtype).safetensors), t.shape, t.size});
+    outs.push_back({t.name, torch::Info(t.dtype).safetensors, t.shape, t.size});
   }
   safetensors::Layout layout = safetensors::LayOut(outs, metadata);
   PerfTimer timer("write");
@@ -132,6 +132,10 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
   // Shards, in order, as Hugging Face splits them.
   std::vector<std::vector<TensorSource>> shards(1);
   uint64_t current = 0;
+  if (!o.max_shard_size) {  // one file: no copy of the list
+    shards[0] = std::move(tensors);
+    tensors.clear();
+  }
   for (TensorSource& t : tensors) {
     if (o.max_shard_size && !shards.back().empty() && current + t.size > o.max_shard_size) {
       shards.emplace_back();
@@ -152,18 +156,23 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
                                              : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem,
                                                            si + 1, shards.size()));
     for (const TensorSource& t : shards[si]) {
-      weight_map[t.name] = shard_names.back();
+      if (shards.size() > 1) weight_map[t.name] = shard_names.back();  // for the index
       r.bytes += t.size;
     }
   }
+  // Each alias is recorded in the shard that holds the tensor it names.
   std::vector<std::map<std::string, std::string>> metadata(shards.size());
-  std::unordered_map<std::string_view, size_t> shard_of;
-  for (size_t si = 0; si < shards.size(); ++si) {
-    for (const TensorSource& t : shards[si]) shard_of.emplace(t.name, si);
+  std::unordered_map<std::string_view, size_t> shard_of;  // kept names -> shard
+  for (const auto& [alias, kept] : aliases) shard_of.emplace(kept, SIZE_MAX);
+  for (size_t si = 0; si < shards.size() && !shard_of.empty(); ++si) {
+    for (const TensorSource& t : shards[si]) {
+      auto it = shard_of.find(t.name);
+      if (it != shard_of.end()) it->second = si;
+    }
   }
   for (const auto& [alias, kept] : aliases) {
-    auto it = shard_of.find(kept);
-    if (it != shard_of.end()) metadata[it->second][alias] = kept;
+    size_t si = shard_of.at(kept);
+    if (si != SIZE_MAX) metadata[si][alias] = kept;
   }
   for (size_t si = 0; si < shards.size(); ++si) r.files.push_back((dir / shard_names[si]).string());
   if (!o.team) {

@@ -96,7 +96,7 @@ TensorEntry ReadEntry(const std::string& name, const nlohmann::json& v) {
 
 }  // namespace
 
-uint32_t DTypeBits(const std::string& dtype) {
+uint32_t DTypeBits(std::string_view dtype) {
   const DTypeRow* d = FindDType(dtype);
   return d ? d->bits : 0;
 }

@@ -15,20 +15,30 @@ Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::
   metadata.emplace("format", "pt");
   // The header is assembled entry by entry: a JSON object keeps keys unique by searching
   // them (ordered_json linearly), which is quadratic in the number of tensors.
-  std::string json;
+  // It is built after 8 bytes that become its length: the header is made in place.
+  std::string json(8, '\0');
   std::unordered_set<std::string_view> names;
+  names.reserve(tensors.size());
   try {
-    json = "{\"__metadata__\":" + nlohmann::json(metadata).dump();
+    json += "{\"__metadata__\":" + nlohmann::json(metadata).dump();
     uint64_t offset = 0;
     for (const OutTensor& t : tensors) {
       if (t.name == "__metadata__") Fail("a tensor cannot be named __metadata__");
       if (!names.insert(t.name).second) Fail("tensor name '{}' appears twice", t.name);
-      nlohmann::ordered_json entry = {
-          {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
       json += ',';
       json += nlohmann::json(t.name).dump();
-      json += ':';
-      json += entry.dump();
+      json += ":{\"dtype\":";
+      json += nlohmann::json(t.dtype).dump();
+      json += ",\"shape\":[";
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        if (d) json += ',';
+        json += std::to_string(t.shape[d]);
+      }
+      json += "],\"data_offsets\":[";
+      json += std::to_string(offset);
+      json += ',';
+      json += std::to_string(offset + t.size);
+      json += "]}";
       offset += t.size;
     }
     json += '}';
@@ -44,11 +54,13 @@ Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::
     Fail("__metadata__ holds text that is not valid UTF-8");
   }
   json.append((8 - json.size() % 8) % 8, ' ');
-  if (json.size() > kMaxHeaderSize)
-    Fail("safetensors header would be {} bytes, over the limit", json.size());
+  const uint64_t text = json.size() - 8;
+  if (text > kMaxHeaderSize) Fail("safetensors header would be {} bytes, over the limit", text);
+  std::string length;
+  AppendLE<uint64_t>(length, text);
+  json.replace(0, 8, length);
   Layout l;
-  AppendLE<uint64_t>(l.header, json.size());
-  l.header += json;
+  l.header = std::move(json);
   uint64_t data = l.header.size();
   uint64_t offset = 0;
   for (const OutTensor& t : tensors) {

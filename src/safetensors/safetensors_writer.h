@@ -6,15 +6,19 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckpt::safetensors {
 
+// Views of the caller's name, dtype and shape (at 10^5+ tensors a copy of each is tens of
+// MiB): they must outlive the call to LayOut.
 struct OutTensor {
-  std::string name;
-  std::string dtype;  // "F32", "BF16"...
-  std::vector<int64_t> shape;
+  std::string_view name;
+  std::string_view dtype;  // "F32", "BF16"...
+  std::span<const int64_t> shape;
   uint64_t size = 0;  // bytes
 };
 
@@ -27,6 +31,6 @@ struct Layout {
 Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::string> metadata);
 
 // Element size in bits of a safetensors dtype string (0 when unknown).
-uint32_t DTypeBits(const std::string& dtype);
+uint32_t DTypeBits(std::string_view dtype);
 
 }  // namespace ckpt::safetensors

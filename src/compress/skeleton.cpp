@@ -74,6 +74,13 @@ class DecodeCache {
     return *coder_;
   }
 
+  // Frees what the cache holds (workers' caches go with their threads; the thread that made a
+  // skeleton -- a long-running watch, say -- drops its own when the skeleton goes).
+  void Clear() {
+    slots_ = {};
+    coder_.reset();
+  }
+
  private:
   static constexpr size_t kSlots = 8;  // 8 MiB per thread at the writer's 1 MiB chunks
   struct Slot {
@@ -197,6 +204,7 @@ std::unique_ptr<Skeleton> Skeleton::Build(const std::string& archive, const std:
   threads = std::max(1u, threads);
   std::unique_ptr<Skeleton> s(new Skeleton());
   s->dest_ = dest;
+  s->registered_.reserve(index.entries.size());  // push_back cannot throw once registered
   auto at = [&](const Entry& e) {
     return index.kind == ArchiveKind::kFile || e.path.empty() ? dest : dest + "/" + e.path;
   };
@@ -215,8 +223,7 @@ std::unique_ptr<Skeleton> Skeleton::Build(const std::string& archive, const std:
     uint64_t plain = WritePlainBytes(*a, i, at(e), threads);
     s->plain_bytes_ += plain;
     s->backed_bytes_ += e.size - plain;
-    if (plain == e.size) continue;                      // all of it on disk: an ordinary file
-    s->registered_.reserve(s->registered_.size() + 1);  // no throw once registered
+    if (plain == e.size) continue;  // all of it on disk: an ordinary file
     s->registered_.push_back(MappedFile::RegisterBacked(
         at(e), std::make_shared<ArchiveFile>(a, id, i, at(e)), a->map().stamp()));
   }
@@ -227,6 +234,7 @@ std::unique_ptr<Skeleton> Skeleton::Build(const std::string& archive, const std:
 
 Skeleton::~Skeleton() {
   for (const MappedFile::BackedId& id : registered_) MappedFile::UnregisterBacked(id);
+  cache.Clear();
 }
 
 }  // namespace ckpt::ckz

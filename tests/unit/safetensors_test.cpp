@@ -33,6 +33,31 @@ TEST(Safetensors, ReadsTensorsAndMetadata) {
   EXPECT_TRUE(LooksLikeSafetensors(B(f)));
 }
 
+TEST(Safetensors, ParseEachHandsEveryEntryOverAndCheckTilingFindsHolesAndOverlaps) {
+  std::string f = Make(R"({"b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]},)"
+                       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                       std::string(12, '\0'));
+  std::vector<std::string> names;
+  std::vector<Span> spans;
+  Header h = ParseEach(B(f), [&](TensorEntry&& e) {
+    spans.push_back({e.begin, e.end, names.size()});
+    names.push_back(e.name);
+  });
+  EXPECT_EQ(names, (std::vector<std::string>{"b", "a"}));  // header order
+  auto name_of = [&](size_t i) -> std::string_view { return names[i]; };
+  CheckTiling(spans, f.size() - h.data_offset, name_of);
+  EXPECT_EQ(spans[0].id, 1u);  // now in file order
+  // The same spans against a longer buffer, or with a hole or an overlap: refused, named.
+  EXPECT_NE(test::ErrorOf([&] { CheckTiling(spans, 16, name_of); }).find("cover 12 bytes"),
+            std::string::npos);
+  std::vector<Span> hole = {{0, 8, 1}, {9, 12, 0}};
+  EXPECT_NE(test::ErrorOf([&] { CheckTiling(hole, 12, name_of); }).find("'b' starts at 9"),
+            std::string::npos);
+  std::vector<Span> overlap = {{0, 8, 1}, {6, 12, 0}};
+  EXPECT_NE(test::ErrorOf([&] { CheckTiling(overlap, 12, name_of); }).find("overlap"),
+            std::string::npos);
+}
+
 TEST(Safetensors, CommittedFixtureParses) {
   std::string f = test::ReadFixture("small.safetensors");
   File st = Parse(B(f));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "base/error.h"
 #include "io/crc32.h"
@@ -91,16 +92,21 @@ std::string Archive::DescribeChunk(size_t k) const {
 
 std::string Archive::TryDecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
   const Chunk& c = index_.chunks.at(k);
-  // Mapped in one go and dropped after: memory stays flat however large the archive.
+  // Read through a window of the file (a reused buffer for all but tiny chunks): memory
+  // stays flat however large the archive.
   bool mapped = map_.bytes().data() == bytes_.data() && bytes_.data() != nullptr;
-  if (mapped) map_.Populate(c.archive_offset, c.stored_bytes());
   std::string error;
   try {
-    coder.Decode(ChunkBytes(k), c, ChunkRuns(k), dst);
+    Bytes stored = ChunkBytes(k);
+    std::optional<MappedFile::Window> window;
+    if (mapped) {
+      window.emplace(map_, c.archive_offset, c.stored_bytes());
+      stored = window->bytes();
+    }
+    coder.Decode(stored, c, ChunkRuns(k), dst);
   } catch (const Error& e) {
     error = e.what();
   }
-  if (mapped) map_.Release(c.archive_offset, c.stored_bytes());
   return error;
 }
 

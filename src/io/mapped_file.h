@@ -75,9 +75,11 @@ class MappedFile {
   // shows it from then on (for reads too scattered for windows). Elsewhere: nothing to do.
   void Materialize(uint64_t offset, uint64_t size) const;
 
-  // A piece of the file being streamed through: mapped in one call when created, dropped
-  // from our resident set when destroyed. Keeps RSS flat and page faults few. Of a backed
-  // file, the piece is read from its ByteSource into a buffer the window owns.
+  // A piece of the file being streamed through. A large piece (64 KiB or more) is read
+  // with pread into a buffer reused by this thread (faster than first touches of mapped
+  // pages); a small one is mapped in one call when created and dropped from our resident
+  // set when destroyed. Either way RSS stays flat. Of a backed file, the piece is read from
+  // its ByteSource into such a buffer. The bytes are valid while the window lives.
   class Window {
    public:
     Window(const MappedFile& f, uint64_t offset, uint64_t size);

@@ -5,6 +5,8 @@
 #include <zlib.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -34,6 +36,33 @@ std::string ErrorOf(Fn&& fn) {
   }
   return "";
 }
+
+// A fresh folder under /tmp, removed with everything in it when the object goes.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/ckpt-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) Fail("cannot create a temporary folder");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Path(const std::string& name) const { return path_ + "/" + name; }
+  // Writes `bytes` to the file `name` in the folder; returns its path.
+  std::string Put(const std::string& name, std::string_view bytes) const {
+    std::ofstream(Path(name), std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return Path(name);
+  }
+
+ private:
+  std::string path_;
+};
 
 inline Bytes B(const std::string& s) {
   return Bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size());

@@ -78,7 +78,7 @@ void TorchRewrite::ReleaseInputRows() {
   }
   std::vector<torch::Tensor>().swap(m.tensors);
   std::vector<torch::Storage>().swap(m.storages);
-  std::unordered_map<std::string, int32_t>().swap(m.storage_index);
+  m.storage_index.Clear();
   in_.torch->archive.reset();  // the input's zip directory: only its records' bytes were needed
 }
 

@@ -226,7 +226,7 @@ void RebuildTensorTable(torch::TorchFile& tf) {
   for (const torch::Storage& s : tf.model.storages) located[s.key] = s;
   torch::Model& m = tf.model;
   m.storages.clear();
-  m.storage_index.clear();
+  m.storage_index.Clear();
   m.tensors.clear();
   m.problems.clear();
   m.notes.clear();

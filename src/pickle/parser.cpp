@@ -115,17 +115,45 @@ class Parser {
   }
 
   // ---- memo ----
+  // Picklers number memo entries 0, 1, 2... (MEMOIZE always does): those live in a vector
+  // (4 bytes each; a hash map node costs ~30). A key far beyond the entries defined so far
+  // goes to a map, so a hostile key cannot make the vector large.
   void Put(uint64_t index) {
     NodeId top = Top();
-    if (memo_.size() >= limits_.max_memo && !memo_.count(index)) {
+    if (index >= memo_dense_.size() && index < 2 * memo_count_ + 1024) {
+      memo_dense_.resize(index + 1, kNil);
+    }
+    if (index < memo_dense_.size()) {
+      NodeId& slot = memo_dense_[index];
+      // A key put in the map before the vector reached it moves over.
+      if (slot == kNil && !(!memo_sparse_.empty() && memo_sparse_.erase(index) == 1)) {
+        CountMemoEntry();
+      }
+      slot = top;
+      return;
+    }
+    auto [it, inserted] = memo_sparse_.try_emplace(index, top);
+    if (inserted) {
+      CountMemoEntry();
+    } else {
+      it->second = top;
+    }
+  }
+  void CountMemoEntry() {
+    if (memo_count_ >= limits_.max_memo) {
       Error(fmt::format("memo has more than {} entries (limit)", limits_.max_memo));
     }
-    memo_[index] = top;
+    ++memo_count_;
   }
   void Get(uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) Error(fmt::format("memo key {} is not defined", index));
-    Push(it->second);
+    NodeId value = kNil;
+    if (index < memo_dense_.size() && memo_dense_[index] != kNil) {
+      value = memo_dense_[index];
+    } else if (auto it = memo_sparse_.find(index); it != memo_sparse_.end()) {
+      value = it->second;
+    }
+    if (value == kNil) Error(fmt::format("memo key {} is not defined", index));
+    Push(value);
   }
 
   // ---- helpers ----
@@ -228,7 +256,9 @@ class Parser {
   std::vector<NodeId> stack_;
   std::vector<size_t> marks_;
   std::vector<uint16_t> depth_;
-  std::unordered_map<uint64_t, NodeId> memo_;
+  std::vector<NodeId> memo_dense_;                    // memo keys below its size
+  std::unordered_map<uint64_t, NodeId> memo_sparse_;  // the others
+  uint64_t memo_count_ = 0;                           // keys defined (what MEMOIZE uses)
   uint64_t op_offset_ = 0;
 };
 
@@ -494,7 +524,7 @@ void Parser::Step(uint8_t code) {
       Put(c_.ReadLE<uint32_t>());
       return;
     case op::kMemoize:
-      Put(memo_.size());
+      Put(memo_count_);
       return;
     case op::kGet:
       Get(ParseDecimal(c_.ReadLine()));

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/name_index.h"
 #include "pickle/graph.h"
 #include "torch/dims.h"
 #include "torch/dtype.h"
@@ -71,9 +72,12 @@ struct Model {
   // Persistent ids that refer to a storage outside any tensor (a bare storage object).
   std::vector<std::pair<pickle::NodeId, int32_t>> bare_refs;
 
-  std::unordered_map<std::string, int32_t> storage_index;  // key -> index into storages
+  NameIndex storage_index;  // key -> index into storages
 
-  int32_t FindStorage(const std::string& key) const;  // -1 when absent
+  int32_t FindStorage(std::string_view key) const;  // -1 when absent
+  // Adds storages[i] to storage_index; the index of a storage of that key already there
+  // (then nothing is added), else i.
+  int32_t IndexStorage(int32_t i);
 };
 
 // Fills storages, tensors, problems and notes from model.graph. `legacy` selects the

@@ -41,9 +41,16 @@ using pickle::kNil;
 using pickle::NodeId;
 using pickle::PathWalker;
 
-int32_t Model::FindStorage(const std::string& key) const {
-  auto it = storage_index.find(key);
-  return it == storage_index.end() ? -1 : it->second;
+int32_t Model::FindStorage(std::string_view key) const {
+  uint32_t i =
+      storage_index.Find(key, [this](uint32_t k) -> std::string_view { return storages[k].key; });
+  return i == NameIndex::kNone ? -1 : static_cast<int32_t>(i);
+}
+
+int32_t Model::IndexStorage(int32_t i) {
+  return static_cast<int32_t>(
+      storage_index.Insert(storages[static_cast<size_t>(i)].key, static_cast<uint32_t>(i),
+                           [this](uint32_t k) -> std::string_view { return storages[k].key; }));
 }
 
 namespace {
@@ -121,15 +128,14 @@ class TensorCollector final : private PathWalker::Client {
 
   // ---- storages ----
   int32_t StorageFor(const StorageRef& ref, const std::string& where, NodeId persid) {
-    auto it = m_.storage_index.find(ref.key);
-    if (it != m_.storage_index.end()) {
-      Storage& s = m_.storages[it->second];
+    if (int32_t found = m_.FindStorage(ref.key); found >= 0) {
+      Storage& s = m_.storages[static_cast<size_t>(found)];
       if (s.dtype != ref.dtype || s.numel != ref.numel) {
         Problem(where, fmt::format("storage '{}' is referenced as {} x {} here but as {} x {} "
                                    "elsewhere",
                                    ref.key, ref.numel, Name(ref.dtype), s.numel, Name(s.dtype)));
       }
-      return it->second;
+      return found;
     }
     Storage s;
     s.key = ref.key;
@@ -140,7 +146,7 @@ class TensorCollector final : private PathWalker::Client {
     s.first_ref = persid;
     m_.storages.push_back(std::move(s));
     int32_t index = static_cast<int32_t>(m_.storages.size() - 1);
-    m_.storage_index.emplace(ref.key, index);
+    m_.IndexStorage(index);
     return index;
   }
 
@@ -479,7 +485,7 @@ void BuildTensorTable(Model& model, bool legacy) {
   }
   model.tensors.reserve(model.tensors.size() + calls);
   model.storages.reserve(model.storages.size() + persids);
-  model.storage_index.reserve(model.storage_index.size() + persids);
+  model.storage_index.Reserve(model.storage_index.size() + persids);
   TensorCollector(model, legacy).Run();
   MergeByNode(model);
 }

@@ -111,6 +111,8 @@ EndRecord ReadEndRecords(Bytes file) {
     Fail("end record claims {} entries but the central directory has room for at most {}",
          end.entry_count, end.cd_size / kCentralMinSize);
   }
+  if (end.entry_count >= NameIndex::kNone)
+    Fail("{} records: more than this tool reads", end.entry_count);
   return end;
 }
 
@@ -225,9 +227,12 @@ Archive Archive::Parse(Bytes file) {
   for (uint64_t i = 0; i < end.entry_count; ++i) {
     a.entries_.push_back(ReadCentralEntry(c));
   }
+  a.by_name_.Reserve(a.entries_.size());
+  auto name_of = [&a](uint32_t i) -> std::string_view { return a.entries_[i].name; };
   for (size_t i = 0; i < a.entries_.size(); ++i) {
     Entry& e = a.entries_[i];
-    if (!a.by_name_.emplace(e.name, i).second) Fail("duplicate record name '{}'", e.name);
+    if (a.by_name_.Insert(e.name, static_cast<uint32_t>(i), name_of) != i)
+      Fail("duplicate record name '{}'", e.name);
     ReadLocalHeader(file, end.cd_offset, e);
   }
 
@@ -248,8 +253,9 @@ Archive Archive::Parse(Bytes file) {
 }
 
 const Entry* Archive::Find(std::string_view name) const {
-  auto it = by_name_.find(std::string(name));
-  return it == by_name_.end() ? nullptr : &entries_[it->second];
+  uint32_t i =
+      by_name_.Find(name, [this](uint32_t k) -> std::string_view { return entries_[k].name; });
+  return i == NameIndex::kNone ? nullptr : &entries_[i];
 }
 
 Bytes RawData(Bytes file, const Entry& entry) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "base/byte_cursor.h"
+#include "base/name_index.h"
 
 namespace ckpt::zip {
 
@@ -65,7 +66,7 @@ class Archive {
 
  private:
   std::vector<Entry> entries_;
-  std::unordered_map<std::string, size_t> by_name_;
+  NameIndex by_name_;  // into entries_
   uint64_t cd_offset_ = 0;
   uint64_t cd_size_ = 0;
   uint64_t end_offset_ = 0;

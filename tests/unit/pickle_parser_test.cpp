@@ -199,6 +199,47 @@ TEST(PickleParser, NodeAndMemoLimits) {
   EXPECT_THROW(ParseBytes(puts + ".", memo), Error);
 }
 
+std::string U32(uint32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>(v >> (8 * i));
+  return s;
+}
+
+// The memo behaves as Python's dict whether a key lands in the vector (keys 0, 1, 2...) or in
+// the map (a key far beyond the entries so far); each case checked with pickle.loads.
+TEST(PickleParser, MemoKeysBehaveLikePythonsDict) {
+  // memo[1100] = 1 (in the map), memo[0..59] (the vector), then memo[1100] = 99 once the
+  // vector reaches that far: the key moves over and is still one entry.
+  std::string s = "\x80\x04K\x01r" + U32(1100) + "0";
+  for (int i = 0; i < 60; ++i) s += "K" + std::string(1, static_cast<char>(i)) + "r" + U32(i) + "0";
+  s += "Kcr" + U32(1100) + "0(j" + U32(1100) + "j" + U32(5) + "t.";  // -> (99, 5)
+  Limits exact;
+  exact.max_memo = 61;
+  Graph g = ParseBytes(s, exact);
+  ASSERT_EQ(g.items(g.root).size(), 2u);
+  EXPECT_EQ(g.at(g.items(g.root)[0]).integer, 99);
+  EXPECT_EQ(g.at(g.items(g.root)[1]).integer, 5);
+  Limits one_less;
+  one_less.max_memo = 60;
+  EXPECT_THROW(ParseBytes(s, one_less), Error);
+  // MEMOIZE uses the number of keys: memo = {0: 7, 2: 8}; MEMOIZE sets memo[2] = 9 -> (9,).
+  Graph m =
+      ParseBytes(std::string("\x80\x04K\x07q\x00"
+                             "0K\x08q\x02"
+                             "0K\x09\x94"
+                             "0(h\x02t.",
+                             21));
+  ASSERT_EQ(m.items(m.root).size(), 1u);
+  EXPECT_EQ(m.at(m.items(m.root)[0]).integer, 9);
+  // A key inside the vector's range that was never put is undefined.
+  std::string error =
+      test::ErrorOf([] { ParseBytes(std::string("\x80\x02Nq\x00q\x05h\x03.", 10)); });
+  EXPECT_NE(error.find("memo key 3 is not defined"), std::string::npos) << error;
+  // A hostile key near 2^32 costs one map entry, not a 16 GiB vector.
+  Graph far = ParseBytes("\x80\x02Nr" + U32(0xfffffff0u) + "0j" + U32(0xfffffff0u) + ".");
+  EXPECT_EQ(far.kind(far.root), Kind::kNone);
+}
+
 TEST(PickleParser, BillionLaughsStaysSmall) {
   // a = [N]; b = [a, a]; c = [b, b] ... 40 levels: 2^40 paths, 40 nodes.
   std::string s("\x80\x02(Nlq\x00", 7);

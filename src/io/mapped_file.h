@@ -75,11 +75,11 @@ class MappedFile {
   // shows it from then on (for reads too scattered for windows). Elsewhere: nothing to do.
   void Materialize(uint64_t offset, uint64_t size) const;
 
-  // A piece of the file being streamed through. A large piece (64 KiB or more) is read
-  // with pread into a buffer reused by this thread (faster than first touches of mapped
-  // pages); a small one is mapped in one call when created and dropped from our resident
-  // set when destroyed. Either way RSS stays flat. Of a backed file, the piece is read from
-  // its ByteSource into such a buffer. The bytes are valid while the window lives.
+  // A piece of the file being streamed through, read with pread into a buffer this thread
+  // reuses (faster than first touches of mapped pages, and no page of the mapping joins the
+  // resident set); of a backed file, read from its ByteSource into such a buffer. The bytes
+  // are valid while the window lives. (A MappedFile without a descriptor maps the piece in
+  // one call and drops it from the resident set when the window goes.)
   class Window {
    public:
     Window(const MappedFile& f, uint64_t offset, uint64_t size);

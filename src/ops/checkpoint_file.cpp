@@ -54,6 +54,11 @@ std::optional<Format> DetectFormat(Bytes file) {
   return std::nullopt;
 }
 
+torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions options) {
+  options.done_with = [&map](uint64_t offset, uint64_t size) { map.Release(offset, size); };
+  return options;
+}
+
 CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options) {
   PerfTimer timer("parse");
   CheckpointFile f;
@@ -72,12 +77,13 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
       Fail("not a checkpoint: neither a torch zip, a legacy torch file nor safetensors");
     }
     f.format = *format;
+    torch::ReadOptions read = ReleasingPages(f.map, options);
     switch (f.format) {
       case Format::kTorchZip:
-        f.torch = torch::ReadTorchZip(bytes, options);
+        f.torch = torch::ReadTorchZip(bytes, read);
         break;
       case Format::kTorchLegacy:
-        f.torch = torch::ReadTorchLegacy(bytes, options);
+        f.torch = torch::ReadTorchLegacy(bytes, read);
         break;
       case Format::kSafetensors:
         f.st = safetensors::Parse(bytes);

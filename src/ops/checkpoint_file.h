@@ -30,6 +30,9 @@ struct CheckpointFile {
 // Maps and parses `path`. Throws ckpt::Error("<path>: <what>") when it cannot.
 CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options = {});
 
+// `options` with done_with set to drop those pages of `map` from the resident set.
+torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions options = {});
+
 // The one folder discovery every command uses. Files stay as given; a folder becomes every
 // checkpoint file below it (by content, sorted, symlinks not followed). A
 // torch.distributed.checkpoint folder (dcp/dcp_checkpoint.h) is one checkpoint, not files:

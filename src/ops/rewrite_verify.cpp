@@ -83,7 +83,7 @@ void TorchRewrite::ReleaseInputRows() {
 }
 
 void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
-  torch::TorchFile o = torch::ReadTorchZip(out.bytes());
+  torch::TorchFile o = torch::ReadTorchZip(out.bytes(), ReleasingPages(out));
   const torch::Model& b = o.model;
   if (!b.problems.empty()) Fail("{}: {}", b.problems[0].where, b.problems[0].what);
   if (pickle::DigestGraph(b.graph, b.graph.root) != digest_) {

@@ -11,6 +11,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "ops/checkpoint_file.h"
 #include "pickle/writer.h"
 #include "torch/torch_file.h"
 #include "zip/zip_writer.h"
@@ -149,7 +150,7 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was written", path), [&] {
     PerfTimer verify("verify");
-    torch::TorchFile back = torch::ReadTorchZip(written.bytes());
+    torch::TorchFile back = torch::ReadTorchZip(written.bytes(), ReleasingPages(written));
     const torch::Model& m = back.model;
     if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
     if (m.tensors.size() != tensors.size())

@@ -33,6 +33,8 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
           uint32_t crc = 0;
           zip::StreamRecord(file, e, [&](Bytes chunk) { crc = Crc32(crc, chunk); });
           return crc;
+        } catch (const InputChanged&) {
+          throw;
         } catch (const Error& err) {
           std::lock_guard<std::mutex> lock(mutex);
           errors.push_back({e.name, err.what()});

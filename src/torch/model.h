@@ -52,9 +52,12 @@ struct Tensor {
   // The argument tuple whose items 0 and 1 are the storage and the storage offset.
   pickle::NodeId args = pickle::kNil;
 
-  // First key of the first path ("model", "optimizer"...).
+  // The top-level key of the first path, up to its first dot: "model", "optimizer"...; for a
+  // flat state dict ("encoder.0.weight") its first component, "encoder", as for safetensors.
   std::string_view top_key() const {
-    return names.empty() ? "" : names.front().substr(0, top_size);
+    if (names.empty()) return "";
+    std::string_view key = names.front().substr(0, top_size);
+    return key.substr(0, key.find('.'));
   }
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,10 @@ struct Region {
 struct ReadOptions {
   pickle::Limits limits;
   uint64_t max_pickle_bytes = 4ull << 30;
+  // Called with byte ranges of the input the reader is done with (the zip directory's walk
+  // over every local header, the pickle once parsed), so that a mapped input can drop their
+  // pages from the resident set before the tensor table is built. Empty: nothing to drop.
+  std::function<void(uint64_t offset, uint64_t size)> done_with;
 };
 
 struct TorchFile {

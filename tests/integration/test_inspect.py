@@ -109,6 +109,18 @@ class InspectMatchesTorch(CkptTestCase):
         self.assertIn("optimizer.state.0.exp_avg_sq", names)
         self.assertIn("model.0.weight", names)
 
+    def test_flat_state_dict_rolls_up_by_first_component_as_its_safetensors_twin(self):
+        torch.manual_seed(3)
+        sd = {"encoder.0.weight": torch.randn(4, 4), "encoder.0.bias": torch.randn(4),
+              "decoder.0.weight": torch.randn(2, 4), "scale": torch.randn(1)}
+        r = self.check("flat.pt", sd)
+        rows = {k["key"]: (k["tensors"], k["tensor_bytes"]) for k in r["by_key"]}
+        self.assertEqual(rows, {"encoder": (2, 80), "decoder": (1, 32), "scale": (1, 4)})
+        st = self.path("flat.safetensors")
+        run("export", self.path("flat.pt"), "--to", st)
+        twin = {k["key"]: (k["tensors"], k["tensor_bytes"]) for k in inspect(st)["by_key"]}
+        self.assertEqual(twin, rows)
+
     def test_every_dtype(self):
         torch.manual_seed(2)
         x = torch.randn(4, 3)

@@ -32,7 +32,8 @@ struct RewritePlan {
   std::vector<int32_t> tensor_storage;  // per input tensor: output storage index
   std::vector<int64_t> tensor_offset;   // per input tensor: new storage offset (elements)
   std::vector<int32_t> bare_storage;    // per Model::bare_refs entry: output storage index
-  // Per input tensor: its new stride when it is gathered, else empty (stride unchanged).
+  // Empty when nothing is gathered; else per input tensor: its new stride when it is
+  // gathered, else empty (stride unchanged).
   std::vector<std::vector<int64_t>> tensor_stride;
 };
 

@@ -35,12 +35,11 @@ uint32_t TorchRewrite::WriteGathered(const PlannedStorage& s, AtomicOutput& out,
                                      uint64_t dst) const {
   uint32_t crc = 0;
   uint64_t written = 0;
-  StreamTensorBytes(in_.map, *in_.torch, in_.torch->model.tensors[s.gather_tensor],
-                    [&](Bytes piece) {
-                      crc = Crc32(crc, piece);
-                      out.Write(dst + written, piece);
-                      written += piece.size();
-                    });
+  StreamTensorBytes(in_.map, *in_.torch, gathered_.at(s.gather_tensor), [&](Bytes piece) {
+    crc = Crc32(crc, piece);
+    out.Write(dst + written, piece);
+    written += piece.size();
+  });
   if (written != s.size()) Fail("internal: gathered {} bytes, planned {}", written, s.size());
   return crc;
 }

@@ -46,7 +46,7 @@ pickle::GraphDigest RowDigest(const torch::NameList& names, torch::DType dtype,
 
 }  // namespace
 
-void TorchRewrite::ReleaseInputRows() {
+void TorchRewrite::ReleaseTensorRows() {
   torch::Model& m = in_.torch->model;
   expected_.resize(m.tensors.size());
   names_.resize(m.tensors.size());
@@ -75,8 +75,16 @@ void TorchRewrite::ReleaseInputRows() {
       }
     }
     names_[j] = std::move(x.names);
+    if (os != nullptr && os->gather_tensor == static_cast<int32_t>(j)) {
+      gathered_.emplace(static_cast<int32_t>(j), std::move(x));
+    }
   }
   std::vector<torch::Tensor>().swap(m.tensors);
+}
+
+void TorchRewrite::ReleaseInputRows() {
+  torch::Model& m = in_.torch->model;
+  gathered_.clear();
   std::vector<torch::Storage>().swap(m.storages);
   m.storage_index.Clear();
   in_.torch->archive.reset();  // the input's zip directory: only its records' bytes were needed

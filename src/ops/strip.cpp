@@ -220,24 +220,40 @@ class Dropper final : private PathWalker::Client {
   std::map<uint64_t, std::vector<uint32_t>> dropped_entries_;  // node -> pair indexes
 };
 
-// Rebuilds the tensor table of a mutated graph, keeping where each storage's bytes are.
+// Rebuilds the tensor table of a mutated graph, keeping where each storage's bytes are
+// (looked up by key in what the old rows said: their keys and 16 bytes each).
 void RebuildTensorTable(torch::TorchFile& tf) {
-  std::map<std::string, torch::Storage> located;
-  for (const torch::Storage& s : tf.model.storages) located[s.key] = s;
   torch::Model& m = tf.model;
-  m.storages.clear();
+  struct Located {
+    uint64_t data_offset;
+    int32_t entry;
+    bool present;
+    bool compressed;
+  };
+  std::vector<std::string> keys;
+  std::vector<Located> located;
+  keys.reserve(m.storages.size());
+  located.reserve(m.storages.size());
+  for (torch::Storage& s : m.storages) {
+    keys.push_back(std::move(s.key));
+    located.push_back({s.data_offset, s.entry, s.present, s.compressed});
+  }
+  NameIndex by_key = std::move(m.storage_index);  // indexes the old rows, so `keys` too
   m.storage_index.Clear();
+  m.storages.clear();
   m.tensors.clear();
   m.problems.clear();
   m.notes.clear();
   m.bare_refs.clear();
   torch::BuildTensorTable(m, tf.container == torch::Container::kLegacy);
+  auto key_of = [&keys](uint32_t k) -> std::string_view { return keys[k]; };
   for (torch::Storage& s : m.storages) {
-    const torch::Storage& old = located.at(s.key);
-    s.present = old.present;
-    s.data_offset = old.data_offset;
-    s.compressed = old.compressed;
-    s.entry = old.entry;
+    uint32_t i = by_key.Find(s.key, key_of);
+    if (i == NameIndex::kNone) Fail("internal: storage '{}' is not one of the input's", s.key);
+    s.present = located[i].present;
+    s.data_offset = located[i].data_offset;
+    s.compressed = located[i].compressed;
+    s.entry = located[i].entry;
   }
 }
 
@@ -256,42 +272,44 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   if (!f.torch) Fail("{}: safetensors files hold only tensors; nothing to strip", path);
   CheckRewritable(f, o.allow_unsafe_globals);
   torch::TorchFile& tf = *f.torch;
-  // Storage bytes and the names that reach them, before.
-  // Storage bytes and every name that reaches them, before.
-  std::map<std::string, std::pair<uint64_t, std::vector<std::string>>> before;
-  for (const torch::Tensor& t : tf.model.tensors) {
-    if (t.storage < 0) continue;
-    auto& [bytes, names] = before[tf.model.storages[t.storage].key];
-    bytes = tf.model.storages[t.storage].nbytes;
-    names.insert(names.end(), t.names.begin(), t.names.end());
-  }
-  std::vector<std::string> dropped =
-      WithContext(path, [&] { return StripGraph(tf.model.graph, o); });
-  for (const std::string& d : dropped) r.dropped.push_back({d, 0});
-  if (dropped.empty()) {
-    if (r.output != path && !o.dry_run) CopyFileAtomically(f.map, r.output);
-    return r;
-  }
-  RebuildTensorTable(tf);
-  std::set<std::string> after;
-  for (const torch::Storage& s : tf.model.storages) after.insert(s.key);
-  // A storage that went is credited to a dropped entry one of its names lies under (found by
-  // looking the name's dotted prefixes up: linear in names, however many entries went).
-  std::unordered_map<std::string_view, size_t> dropped_at;
-  for (size_t i = 0; i < r.dropped.size(); ++i) dropped_at.emplace(r.dropped[i].path, i);
-  for (const auto& [key, info] : before) {
-    if (after.count(key)) continue;
-    size_t credited = SIZE_MAX;
-    for (const std::string& name : info.second) {
-      for (std::string_view prefix = name; credited == SIZE_MAX && !prefix.empty();) {
-        auto it = dropped_at.find(prefix);
-        if (it != dropped_at.end()) credited = std::min(credited, it->second);
-        size_t dot = prefix.rfind('.');
-        if (dot == std::string_view::npos) break;
-        prefix = prefix.substr(0, dot);
-      }
+  {
+    // Storage bytes and every name that reaches them, before; what went is credited to the
+    // dropped entries, and these tables are freed before the rewrite (they hold every name).
+    std::map<std::string, std::pair<uint64_t, std::vector<std::string>>> before;
+    for (const torch::Tensor& t : tf.model.tensors) {
+      if (t.storage < 0) continue;
+      auto& [bytes, names] = before[tf.model.storages[t.storage].key];
+      bytes = tf.model.storages[t.storage].nbytes;
+      names.insert(names.end(), t.names.begin(), t.names.end());
     }
-    if (credited != SIZE_MAX) r.dropped[credited].bytes += info.first;
+    std::vector<std::string> dropped =
+        WithContext(path, [&] { return StripGraph(tf.model.graph, o); });
+    for (const std::string& d : dropped) r.dropped.push_back({d, 0});
+    if (dropped.empty()) {
+      if (r.output != path && !o.dry_run) CopyFileAtomically(f.map, r.output);
+      return r;
+    }
+    RebuildTensorTable(tf);
+    std::set<std::string> after;
+    for (const torch::Storage& s : tf.model.storages) after.insert(s.key);
+    // A storage that went is credited to a dropped entry one of its names lies under (found by
+    // looking the name's dotted prefixes up: linear in names, however many entries went).
+    std::unordered_map<std::string_view, size_t> dropped_at;
+    for (size_t i = 0; i < r.dropped.size(); ++i) dropped_at.emplace(r.dropped[i].path, i);
+    for (const auto& [key, info] : before) {
+      if (after.count(key)) continue;
+      size_t credited = SIZE_MAX;
+      for (const std::string& name : info.second) {
+        for (std::string_view prefix = name; credited == SIZE_MAX && !prefix.empty();) {
+          auto it = dropped_at.find(prefix);
+          if (it != dropped_at.end()) credited = std::min(credited, it->second);
+          size_t dot = prefix.rfind('.');
+          if (dot == std::string_view::npos) break;
+          prefix = prefix.substr(0, dot);
+        }
+      }
+      if (credited != SIZE_MAX) r.dropped[credited].bytes += info.first;
+    }
   }
   ShrinkPlan plan = PlanShrink(tf);
   TorchRewrite rewrite(f, std::move(plan.rewrite));

@@ -96,6 +96,7 @@ void TorchRewrite::RewriteGraph() {
     NodeId pid = g.compound(outputs_[plan_.bare_storage[k]].persid).args;
     g.mutable_compound(m.bare_refs[k].first).args = pid;
   }
+  ReleaseTensorRows();
 }
 
 void TorchRewrite::SerializePickle() {
@@ -178,6 +179,7 @@ void TorchRewrite::LayOut() {
   }
   for (auto& [name, bytes] : after) add_small(name, std::move(bytes));
   zip_ = zip::ZipPlan::Layout(specs, alignment);
+  output_size_ = zip_.total_size();
 }
 
 bool TorchRewrite::SourceIsStored(const PlannedStorage& s, uint64_t* file_offset) const {
@@ -251,6 +253,10 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     PerfTimer sync("fsync");
     out.Sync();
   }
+  // What the read-back is checked against is in expected_, names_ and outputs_: the layout
+  // (a record name and offsets per storage) and the input's rows go first.
+  zip_ = zip::ZipPlan();
+  std::vector<Record>().swap(records_);
   ReleaseInputRows();
   MappedFile written = MappedFile::Open(out.temp_path());
   WithContext(fmt::format("{}: verifying the new file failed, nothing was replaced", in_.path),

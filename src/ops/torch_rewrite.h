@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "io/mapped_file.h"
@@ -36,13 +37,14 @@ class TorchRewrite {
   // a file of 10^5 tensors is never held as two graphs at once. Throws ckpt::Error.
   TorchRewrite(CheckpointFile& input, RewritePlan plan);
 
-  uint64_t output_size() const { return zip_.total_size(); }
+  uint64_t output_size() const { return output_size_; }
   const RewritePlan& plan() const { return plan_; }
   // Does the new pickle refer to planned storage i (so the output holds a record for it)?
   bool written(size_t storage) const { return !outputs_[storage].key.empty(); }
   // After Write(): per planned storage, finite values that overflowed to infinity.
   const std::vector<uint64_t>& overflow() const { return overflow_; }
-  // Input tensor j's first name, also after Write() (which frees the input's tensor rows).
+  // Input tensor j's first name (the input's tensor rows are freed once the graph is
+  // rewritten).
   std::string_view name(size_t j) const {
     const torch::NameList& n = names_.empty() ? in_.torch->model.tensors[j].names : names_[j];
     return n.empty() ? std::string_view() : n.front();
@@ -96,7 +98,11 @@ class TorchRewrite {
     bool check_begin = false;  // numel > 0 or gathered
     bool begin_ok = true;      // the plan puts the first byte at a whole offset
   };
-  // Computes expected_ and moves the names out, then frees the input's rows.
+  // Once the graph is rewritten: computes expected_, moves the names out and frees the
+  // input's tensor rows (but those of gathered tensors, which Write still reads), so the
+  // table is not held while the pickle is serialised.
+  void ReleaseTensorRows();
+  // Once the bytes are written: frees the input's storage rows and zip directory.
   void ReleaseInputRows();
   // Re-reads the written file and checks it against expected_ and the plan.
   void Verify(const MappedFile& out, unsigned threads) const;
@@ -108,8 +114,10 @@ class TorchRewrite {
   pickle::GraphDigest digest_;  // of the rewritten graph, which is freed once serialised
   std::vector<ExpectedTensor> expected_;
   std::vector<torch::NameList> names_;  // the input tensors' names, once their rows are freed
+  std::unordered_map<int32_t, torch::Tensor> gathered_;  // rows of gathered tensors, by index
   std::vector<Record> records_;
-  zip::ZipPlan zip_;
+  zip::ZipPlan zip_;  // freed once the file is written
+  uint64_t output_size_ = 0;
   std::vector<uint64_t> overflow_;
   std::mutex overflow_mutex_;
 };

@@ -33,20 +33,25 @@ class Writer {
  private:
   void Op(uint8_t code) { out_.push_back(static_cast<char>(code)); }
 
-  // In-degree of every reachable node, so nodes referenced twice get a memo slot.
+  // In-degree of every reachable node (0, 1, or 2 for more), so nodes referenced twice get
+  // a memo slot. A node is counted when a reference to it is seen and walked once, at its
+  // first: the stack holds only compounds not walked yet.
   void CountRefs(NodeId root) {
-    std::vector<NodeId> stack{root};
+    std::vector<NodeId> stack;
+    auto see = [&](NodeId x) {
+      if (x == kNil) return;
+      if (refs_[x] < 2) ++refs_[x];
+      if (refs_[x] == 1 && g_.has_compound(x)) stack.push_back(x);
+    };
+    see(root);
     while (!stack.empty()) {
       NodeId n = stack.back();
       stack.pop_back();
-      if (n == kNil || refs_[n]++ > 0 || !g_.has_compound(n)) continue;
       const Compound& c = g_.compound(n);
-      for (NodeId x : g_.items(n)) stack.push_back(x);
-      for (NodeId x : g_.pairs(n)) stack.push_back(x);
-      for (NodeId x : g_.states(n)) stack.push_back(x);
-      for (NodeId x : {c.callable, c.args, c.kwargs}) {
-        if (x != kNil) stack.push_back(x);
-      }
+      for (NodeId x : g_.items(n)) see(x);
+      for (NodeId x : g_.pairs(n)) see(x);
+      for (NodeId x : g_.states(n)) see(x);
+      for (NodeId x : {c.callable, c.args, c.kwargs}) see(x);
     }
   }
 
@@ -303,7 +308,7 @@ class Writer {
   Graph& g_;
   const WriteOptions& o_;
   std::vector<uint32_t> memo_;
-  std::vector<uint32_t> refs_;
+  std::vector<uint8_t> refs_;  // saturates at 2
   uint32_t next_memo_ = 0;
   std::string out_;
 };

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "base/error.h"
+#include "base/name_index.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
@@ -67,23 +68,27 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
     PerfTimer verify("verify");
     // Each entry is checked against the plan as the header is parsed; what stays per tensor
     // is its span (24 bytes), not a table of names, dtypes and shapes.
-    std::unordered_map<std::string_view, size_t> index;
-    index.reserve(tensors.size());
-    for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+    NameIndex index;  // the planned tensors by name
+    index.Reserve(tensors.size());
+    auto name_of = [&tensors](uint32_t i) -> std::string_view { return tensors[i].name; };
+    for (size_t i = 0; i < tensors.size(); ++i)
+      index.Insert(tensors[i].name, static_cast<uint32_t>(i), name_of);
     std::vector<safetensors::Span> spans;
     spans.reserve(tensors.size());
     std::vector<bool> seen(tensors.size(), false);
     safetensors::Header back =
         safetensors::ParseEach(written.bytes(), [&](safetensors::TensorEntry&& e) {
-          auto it = index.find(e.name);
-          if (it == index.end() || seen[it->second] ||
-              e.dtype != torch::Info(tensors[it->second].dtype).safetensors ||
-              e.shape != tensors[it->second].shape || e.end - e.begin != tensors[it->second].size) {
+          uint32_t i = index.Find(e.name, name_of);
+          if (i == NameIndex::kNone || seen[i] ||
+              e.dtype != torch::Info(tensors[i].dtype).safetensors || e.shape != tensors[i].shape ||
+              e.end - e.begin != tensors[i].size) {
             Fail("tensor '{}' is not what was planned", e.name);
           }
-          seen[it->second] = true;
-          spans.push_back({e.begin, e.end, it->second});
+          seen[i] = true;
+          spans.push_back({e.begin, e.end, i});
         });
+    // The header was read through the mapping (13 MiB for 10^5 tensors): drop its pages.
+    written.Release(0, back.data_offset);
     if (spans.size() != tensors.size()) Fail("tensor count differs");
     safetensors::CheckTiling(spans, written.size() - back.data_offset,
                              [&](size_t i) -> std::string_view { return tensors[i].name; });

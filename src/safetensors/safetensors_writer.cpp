@@ -3,10 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <string_view>
-#include <unordered_set>
 
 #include "base/endian.h"
 #include "base/error.h"
+#include "base/name_index.h"
 #include "safetensors/safetensors_file.h"
 
 namespace ckpt::safetensors {
@@ -17,14 +17,23 @@ Layout LayOut(const std::vector<OutTensor>& tensors, std::map<std::string, std::
   // them (ordered_json linearly), which is quadratic in the number of tensors.
   // It is built after 8 bytes that become its length: the header is made in place.
   std::string json(8, '\0');
-  std::unordered_set<std::string_view> names;
-  names.reserve(tensors.size());
+  // Room for the whole header at once (a doubling string would hold up to twice it).
+  size_t estimate = 64;
+  for (const OutTensor& t : tensors) estimate += t.name.size() + 80 + 21 * t.shape.size();
+  json.reserve(estimate);
+  NameIndex names;  // finds a repeated name: indices into `tensors`, 16 bytes each
+  names.Reserve(tensors.size());
+  auto name_of = [&tensors](uint32_t i) -> std::string_view { return tensors[i].name; };
+  if (tensors.size() >= NameIndex::kNone)
+    Fail("{} tensors: more than a header can list", tensors.size());
   try {
     json += "{\"__metadata__\":" + nlohmann::json(metadata).dump();
     uint64_t offset = 0;
-    for (const OutTensor& t : tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const OutTensor& t = tensors[i];
       if (t.name == "__metadata__") Fail("a tensor cannot be named __metadata__");
-      if (!names.insert(t.name).second) Fail("tensor name '{}' appears twice", t.name);
+      if (names.Insert(t.name, static_cast<uint32_t>(i), name_of) != i)
+        Fail("tensor name '{}' appears twice", t.name);
       json += ',';
       json += nlohmann::json(t.name).dump();
       json += ":{\"dtype\":";

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "compress/pipeline.h"
+#include "io/positioned_io.h"
 
 namespace ckpt::ckz {
 
@@ -21,19 +22,6 @@ namespace fs = std::filesystem;
 
 [[noreturn]] void FailErrno(const std::string& path, const char* what) {
   Fail("{}: {}: {}", path, what, std::strerror(errno));
-}
-
-void WriteAt(int fd, const std::string& path, Bytes data, uint64_t off) {
-  while (!data.empty()) {
-    ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(off));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (errno == ENOSPC || errno == EDQUOT) Fail("{}: no space left on device", path);
-      FailErrno(path, "write failed");
-    }
-    data = data.subspan(static_cast<size_t>(n));
-    off += static_cast<uint64_t>(n);
-  }
 }
 
 // Each thread keeps the last few chunks it decoded: windows over small tensors come one
@@ -112,7 +100,7 @@ class ArchiveFile : public ByteSource {
         uint64_t n = std::min<uint64_t>(end - at, 4u << 20);
         piece.resize(n);
         Read(at, piece.data(), n);
-        WriteAt(fd, path_, {piece.data(), n}, at);
+        WriteFullyAt(fd, {piece.data(), n}, at, path_, "write failed");
         at += n;
       }
     } catch (...) {
@@ -180,7 +168,7 @@ uint64_t WritePlainBytes(const Archive& a, size_t i, const std::string& path, un
       uint64_t at = 0;
       for (const Run& r : runs) {
         if (r.transform == Transform::kBytes) {
-          WriteAt(fd, path, {buffers[w].data() + at, r.length}, c.offset + at);
+          WriteFullyAt(fd, {buffers[w].data() + at, r.length}, c.offset + at, path, "write failed");
           plain += r.length;
         }
         at += r.length;

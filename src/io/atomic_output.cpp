@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "io/positioned_io.h"
 #include "io/temp_files.h"
 
 namespace ckpt {
@@ -123,13 +124,7 @@ void AtomicOutput::Discard() {
 
 void AtomicOutput::Write(uint64_t offset, Bytes data) {
   dirty_ = true;
-  while (!data.empty()) {
-    ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) FailErrno(final_path_, "writing the new file failed", n < 0 ? errno : EIO);
-    data = data.subspan(static_cast<size_t>(n));
-    offset += static_cast<uint64_t>(n);
-  }
+  WriteFullyAt(fd_, data, offset, final_path_, "writing the new file failed");
 }
 
 void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) {

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/positioned_io.h"
+
 namespace ckpt {
 
 namespace {
@@ -52,22 +54,6 @@ constexpr uint64_t kSpareBytes = 64ull << 20;
 // until released -- which only whole pages can be: a file of 10^5 small records read through
 // the mapping kept all of its pages (40-70 MiB more at 160k tensors); one pread per record
 // costs no more time than the page faults did.
-// Reads exactly `size` bytes at `offset`; a short read means the file shrank under us.
-void ReadFullyAt(int fd, const std::string& path, uint8_t* dst, uint64_t size, uint64_t offset) {
-  while (size > 0) {
-    ssize_t n = ::pread(fd, dst, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) FailErrno(path, "read failed");
-    if (n == 0) {
-      throw InputChanged(
-          fmt::format("{}: the file was truncated while being read (by another process?)", path));
-    }
-    dst += n;
-    size -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-}
-
 MappedFile::BackedId IdOf(const struct stat& st) {
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
 }
@@ -171,7 +157,7 @@ MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
   if (f.source_) {
     f.source_->Read(offset, buffer_.data.get(), size);
   } else {
-    ReadFullyAt(f.fd_, f.path_, buffer_.data.get(), size, offset);
+    ReadFullyAt(f.fd_, buffer_.data.get(), size, offset, f.path_);
   }
   bytes_ = {buffer_.data.get(), size};
 }

@@ -24,6 +24,7 @@
 #include "io/crc32.h"
 #include "io/folders.h"
 #include "io/parallel_crc.h"
+#include "io/positioned_io.h"
 #include "io/temp_files.h"
 
 namespace ckpt {
@@ -683,18 +684,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
         }
         fd = f.fd;
       }
-      Bytes data(buffers[w].data(), ch.length);
-      uint64_t off = ch.offset;
-      while (!data.empty()) {
-        ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(off));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          if (errno == ENOSPC || errno == EDQUOT) Fail("{}: no space left on device", at(e));
-          FailErrno(at(e), "write failed");
-        }
-        data = data.subspan(static_cast<size_t>(n));
-        off += static_cast<uint64_t>(n);
-      }
+      WriteFullyAt(fd, Bytes(buffers[w].data(), ch.length), ch.offset, at(e), "write failed");
       if (o.bytes_done) *o.bytes_done += ch.length;
       if (f.pending.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> lock(f.mu);

@@ -92,7 +92,7 @@ std::string Archive::DescribeChunk(size_t k) const {
 
 std::string Archive::TryDecodeChunk(ChunkCoder& coder, size_t k, uint8_t* dst) const {
   const Chunk& c = index_.chunks.at(k);
-  // Read through a window of the file (a reused buffer for all but tiny chunks): memory
+  // Read through a window of the file (pread into a buffer this thread reuses): memory
   // stays flat however large the archive.
   bool mapped = map_.bytes().data() == bytes_.data() && bytes_.data() != nullptr;
   std::string error;

@@ -47,13 +47,6 @@ thread_local std::vector<MappedFile::Window::Buffer> spare_buffers;
 constexpr size_t kSpareBuffers = 4;
 constexpr uint64_t kSpareBytes = 64ull << 20;
 
-// Windows are read with pread into a reused buffer rather than through the mapping. First
-// touches of mapped page-cache pages cost far more than the kernel's copy (measured on a
-// 2-core VM: 1.4-3 GB/s through a new mapping, against 5.7 GB/s from tmpfs and 16 GB/s from
-// ext4's page cache with pread), and the pages a mapping touched stay in the resident set
-// until released -- which only whole pages can be: a file of 10^5 small records read through
-// the mapping kept all of its pages (40-70 MiB more at 160k tensors); one pread per record
-// costs no more time than the page faults did.
 MappedFile::BackedId IdOf(const struct stat& st) {
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
 }
@@ -137,6 +130,13 @@ void MappedFile::Reset() {
   source_.reset();
 }
 
+// Windows are read with pread into a reused buffer rather than through the mapping. First
+// touches of mapped page-cache pages cost far more than the kernel's copy (measured on a
+// 2-core VM: 1.4-3 GB/s through a new mapping, against 5.7 GB/s from tmpfs and 16 GB/s from
+// ext4's page cache with pread), and the pages a mapping touched stay in the resident set
+// until released -- which only whole pages can be: a file of 10^5 small records read through
+// the mapping kept all of its pages (40-70 MiB more at 160k tensors); one pread per record
+// costs no more time than the page faults did.
 MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
     : f_(f), offset_(offset), size_(size), bytes_(Slice(f.bytes(), offset, size)) {
   bool read = f.source_ != nullptr || f.fd_ >= 0;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -18,6 +19,18 @@ namespace ckpt {
 class NameIndex {
  public:
   static constexpr uint32_t kNone = UINT32_MAX;
+
+  NameIndex() = default;
+  // A moved-from index is empty (its slots went with the move, so must its count).
+  NameIndex(NameIndex&& o) noexcept
+      : slots_(std::exchange(o.slots_, {})), size_(std::exchange(o.size_, 0)) {}
+  NameIndex& operator=(NameIndex&& o) noexcept {
+    slots_ = std::exchange(o.slots_, {});
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
+  NameIndex(const NameIndex&) = default;
+  NameIndex& operator=(const NameIndex&) = default;
 
   void Reserve(size_t items) {
     size_t want = 16;

@@ -239,7 +239,6 @@ void RebuildTensorTable(torch::TorchFile& tf) {
     located.push_back({s.data_offset, s.entry, s.present, s.compressed});
   }
   NameIndex by_key = std::move(m.storage_index);  // indexes the old rows, so `keys` too
-  m.storage_index.Clear();
   m.storages.clear();
   m.tensors.clear();
   m.problems.clear();

@@ -28,8 +28,14 @@ TEST(NameIndexTest, FindsEveryItemByNameAcrossGrowthAndReportsDuplicates) {
   names.push_back("model.layers.42.weight");
   EXPECT_EQ(index.Insert(names.back(), 100000, name_of), 42u);
   EXPECT_EQ(index.size(), 100000u);
-  index.Clear();
-  EXPECT_EQ(index.Find("model.layers.1.weight", name_of), NameIndex::kNone);
+  // Moved: the new index finds everything, the old one is empty.
+  NameIndex moved = std::move(index);
+  EXPECT_EQ(moved.size(), 100000u);
+  EXPECT_EQ(moved.Find("model.layers.7.weight", name_of), 7u);
+  EXPECT_EQ(index.size(), 0u);  // NOLINT(bugprone-use-after-move): defined as empty
+  EXPECT_EQ(index.Find("model.layers.7.weight", name_of), NameIndex::kNone);
+  moved.Clear();
+  EXPECT_EQ(moved.Find("model.layers.1.weight", name_of), NameIndex::kNone);
 }
 
 TEST(NameIndexTest, EmptyAndPrefixNamesAreDistinct) {

@@ -1,6 +1,6 @@
 // The MPI job this process is part of, behind a small interface: rank, size and the few
-// collective operations ckptool needs. world_mpi.cpp implements it with MPI (CKPT_MPI=ON),
-// world_single.cpp as a world of one process; commands never see MPI itself.
+// collective operations ckptool needs. world.cpp implements it: a world of one process, or
+// MPI through the module ckptool-mpi.so (mpi_module.h); commands never see MPI itself.
 //
 // MPI is started only when the launch says so (cluster/launch.h): a plain `ckptool` run pays
 // nothing for it and needs no launcher. Collectives run on a communicator of our own with

@@ -128,6 +128,37 @@ class LaunchDetectionTest(unittest.TestCase):
         self.assertRefused(p, "OMPI_COMM_WORLD_SIZE=4")
         self.assertIn("built without MPI", p.stderr)
 
+    def test_mpi_launch_without_the_module_is_refused(self):
+        if not MPI_BUILT:
+            self.skipTest("this ckptool has no MPI module")
+        # A copy of the tool without ckptool-mpi.so beside it: under an MPI launch it must
+        # say which file it could not load, and touch nothing.
+        bindir = tempfile.mkdtemp(dir=self._tmp.name)
+        tool = shutil.copy(CKPTOOL, os.path.join(bindir, "ckptool"))
+        p = subprocess.run([tool, "shrink", "ckpt_00.pt"], cwd=self.dir, capture_output=True,
+                           text=True, timeout=60,
+                           env=clean_env(OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_RANK="1"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stdout, "")
+        self.assertIn("cannot load the MPI module", p.stderr)
+        self.assertIn("ckptool-mpi.so", p.stderr)
+        self.assertEqual(tree_hashes(self.dir), self.before)
+        # Outside a launch the same copy runs as one process.
+        p = subprocess.run([tool, "shrink", "ckpt_00.pt"], cwd=self.dir, capture_output=True,
+                           text=True, timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("Done.", p.stdout)
+
+    def test_plain_run_does_not_load_open_mpi(self):
+        # Open MPI's libraries cost ~6 ms of start-up; only the module links them.
+        ldd = shutil.which("ldd")
+        if ldd is None:
+            self.skipTest("ldd not found")
+        needed = subprocess.run([ldd, CKPTOOL], capture_output=True, text=True).stdout
+        self.assertIn("libc.so", needed)
+        self.assertNotIn("libmpi", needed)
+        self.assertNotIn("open-pal", needed)
+
     def test_batch_script_and_override_run_as_one_process(self):
         # An sbatch script sees SLURM_NTASKS of the whole allocation but is one process.
         p = self.shrink(SLURM_NTASKS="32")

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
+#include "io/range_stream.h"
 #include "torch/torch_file.h"
 
 namespace ckpt::dcp {
@@ -616,8 +617,8 @@ void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t co
         uint64_t bytes = run * esize;
         if (stride == 1 && bytes >= kDirect && item.map != nullptr) {
           flush();
-          MappedFile::Window w(*item.map, item.archive_offset + base, bytes);
-          sink(w.bytes());
+          StreamRange(*item.map, item.archive_offset + base, bytes,
+                      [&sink](uint64_t, Bytes b) { sink(b); });
         } else if (stride == 1) {
           if (stage.size() + bytes > kStage) flush();
           if (bytes > kStage) {

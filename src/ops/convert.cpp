@@ -167,10 +167,9 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
       ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
         TensorConversion& p = plan[i];
         uint64_t scale = p.convert ? 2 : 1;
-        MappedFile::Window window(f.map, st.data_offset + p.in->begin + off * scale, len * scale);
-        Bytes src = window.bytes();
         uint64_t overflow = 0;
-        uint32_t crc = WritePiece(out, layout.offsets[i] + off, src,
+        uint32_t crc = WriteRange(out, layout.offsets[i] + off, f.map,
+                                  st.data_offset + p.in->begin + off * scale, len * scale,
                                   p.convert ? std::optional(o.to) : std::nullopt, &overflow);
         if (overflow) {
           std::lock_guard<std::mutex> lock(mutex);

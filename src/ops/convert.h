@@ -40,7 +40,6 @@ ConvertResult ConvertFile(const std::string& path, const std::string& output,
                           const ConvertOptions& o);
 
 // Does the tensor with these names and rank get converted under `o`?
-bool SelectedForConversion(const torch::NameList& names, size_t rank,
-                           const ConvertOptions& o);
+bool SelectedForConversion(const torch::NameList& names, size_t rank, const ConvertOptions& o);
 
 }  // namespace ckpt

@@ -10,6 +10,7 @@
 #include "base/utf8.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt {
@@ -230,8 +231,7 @@ DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads) {
         const dcp::Item& item = c.items[records[k].item];
         uint64_t at = records[k].data_offset + off;
         if (item.map != nullptr) {
-          MappedFile::Window w(*item.map, item.archive_offset + at, len);
-          return Crc32(0, w.bytes());
+          return Crc32OfRange(*item.map, item.archive_offset + at, len);
         }
         return Crc32(0, item.archive.subspan(at, len));
       });

@@ -19,6 +19,7 @@
 #include "io/file_copy.h"
 #include "io/folders.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "io/temp_files.h"
 #include "pickle/writer.h"
 
@@ -215,8 +216,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
           const dcp::StorageEntry& s = md.storage[c.items[kept_items[f][k]].entry];
           out.CopyFrom(c.files[f].map->fd(), s.offset + off, new_offset[kept_items[f][k]] + off,
                        len);
-          MappedFile::Window w(*c.files[f].map, s.offset + off, len);
-          return Crc32(0, w.bytes());
+          return Crc32OfRange(*c.files[f].map, s.offset + off, len);
         });
     for (size_t k = 0; k < copied.size(); ++k) crcs[kept_items[f][k]].first = copied[k];
     out.SetMode(c.files[f].map->mode(), c.files[f].map->uid(), c.files[f].map->gid());

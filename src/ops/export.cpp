@@ -113,8 +113,8 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
       const torch::Storage& s = f.torch->model.storages[t.storage];
       if (!s.present || s.compressed)
         Fail("tensor '{}': its storage record is compressed or missing", name);
-      MappedFile::Window w(f.map, s.data_offset + t.byte_begin + off * scale, len * scale);
-      return WritePiece(out, dst, w.bytes(), convert, nullptr);
+      return WriteRange(out, dst, f.map, s.data_offset + t.byte_begin + off * scale, len * scale,
+                        convert, nullptr);
     }
     uint32_t crc = 0;
     uint64_t written = 0;

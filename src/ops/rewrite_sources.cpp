@@ -26,9 +26,11 @@ uint32_t TorchRewrite::WriteStored(size_t storage, uint64_t off, uint64_t len, b
     out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
     return 0;
   }
-  uint64_t scale = s.convert ? 2 : 1;
-  MappedFile::Window window(in_.map, src_offset + off * scale, len * scale);
-  return WritePiece(storage, window.bytes(), out, dst + off);
+  uint64_t scale = s.convert ? 2 : 1, overflow = 0;
+  uint32_t crc = WriteRange(out, dst + off, in_.map, src_offset + off * scale, len * scale,
+                            s.convert ? std::optional(s.to) : std::nullopt, &overflow);
+  AddOverflow(storage, overflow);
+  return crc;
 }
 
 uint32_t TorchRewrite::WriteGathered(const PlannedStorage& s, AtomicOutput& out,
@@ -77,11 +79,14 @@ uint32_t TorchRewrite::WritePiece(size_t storage, Bytes src, AtomicOutput& out, 
   uint64_t overflow = 0;
   uint32_t crc =
       ckpt::WritePiece(out, dst, src, s.convert ? std::optional(s.to) : std::nullopt, &overflow);
-  if (overflow) {
-    std::lock_guard<std::mutex> lock(overflow_mutex_);
-    overflow_[storage] += overflow;
-  }
+  AddOverflow(storage, overflow);
   return crc;
+}
+
+void TorchRewrite::AddOverflow(size_t storage, uint64_t overflow) {
+  if (overflow == 0) return;
+  std::lock_guard<std::mutex> lock(overflow_mutex_);
+  overflow_[storage] += overflow;
 }
 
 }  // namespace ckpt

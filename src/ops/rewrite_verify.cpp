@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "ops/torch_rewrite.h"
 #include "pickle/graph_digest.h"
 
@@ -122,8 +123,7 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   for (const zip::Entry& e : entries) sizes.push_back(e.size);
   std::vector<uint32_t> crcs =
       ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-        MappedFile::Window window(out, entries[i].data_offset + off, len);
-        return Crc32(0, window.bytes());
+        return Crc32OfRange(out, entries[i].data_offset + off, len);
       });
   for (size_t i = 0; i < entries.size(); ++i) {
     if (crcs[i] != entries[i].crc32) {

@@ -14,6 +14,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "safetensors/safetensors_file.h"
 #include "safetensors/safetensors_writer.h"
 
@@ -97,8 +98,7 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
     for (const safetensors::Span& t : spans) back_sizes.push_back(t.end - t.begin);
     std::vector<uint32_t> back_crcs =
         ParallelCrc(back_sizes, o.threads, kCrcPiece, [&](size_t k, uint64_t off, uint64_t len) {
-          MappedFile::Window w(written, back.data_offset + spans[k].begin + off, len);
-          return Crc32(0, w.bytes());
+          return Crc32OfRange(written, back.data_offset + spans[k].begin + off, len);
         });
     for (size_t k = 0; k < back_crcs.size(); ++k) {
       if (back_crcs[k] != crcs[spans[k].id])

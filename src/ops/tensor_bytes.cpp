@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "io/range_stream.h"
 
 namespace ckpt {
 
@@ -38,11 +39,7 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
   uint64_t base = s.data_offset;  // storage byte 0 in the file
   if (IsContiguous(t)) {
     uint64_t begin = base + t.byte_begin, size = t.numel * es;
-    for (uint64_t off = 0; off < size; off += kChunk) {
-      uint64_t n = std::min<uint64_t>(kChunk, size - off);
-      MappedFile::Window w(map, begin + off, n);
-      sink(w.bytes());
-    }
+    StreamRange(map, begin, size, [&sink](uint64_t, Bytes b) { sink(b); });
     return;
   }
   // Strided: walk the index space row by row (the last dimension is the row). A backed file

@@ -11,6 +11,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "ops/checkpoint_file.h"
 #include "pickle/writer.h"
 #include "torch/torch_file.h"
@@ -176,8 +177,7 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
     for (const zip::Entry& e : entries) entry_sizes.push_back(e.size);
     std::vector<uint32_t> back_crcs =
         ParallelCrc(entry_sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-          MappedFile::Window w(written, entries[i].data_offset + off, len);
-          return Crc32(0, w.bytes());
+          return Crc32OfRange(written, entries[i].data_offset + off, len);
         });
     if (entries.size() != specs.size())
       Fail("{} records read back, {} written", entries.size(), specs.size());

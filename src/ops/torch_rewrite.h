@@ -88,6 +88,7 @@ class TorchRewrite {
                          const WriteProgress& progress);
   // Input bytes `src` of planned storage `storage` at `dst`, converted when it is.
   uint32_t WritePiece(size_t storage, Bytes src, AtomicOutput& out, uint64_t dst);
+  void AddOverflow(size_t storage, uint64_t overflow);
 
   // What the read-back of input tensor j must show: a digest of its names, dtype, shape,
   // stride, requires_grad and kind as planned, and where its first byte lands.

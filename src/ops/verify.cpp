@@ -5,6 +5,7 @@
 
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "torch/global_policy.h"
 
 namespace ckpt {
@@ -27,8 +28,7 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
         const zip::Entry& e = entries[i];
         try {
           if (e.method == zip::Method::kStored) {
-            MappedFile::Window window(f.map, e.data_offset + off, len);
-            return Crc32(0, window.bytes());
+            return Crc32OfRange(f.map, e.data_offset + off, len);
           }
           uint32_t crc = 0;
           zip::StreamRecord(file, e, [&](Bytes chunk) { crc = Crc32(crc, chunk); });

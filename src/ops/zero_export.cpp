@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "io/range_stream.h"
 #include "ops/logical_export.h"
 #include "torch/global_policy.h"
 
@@ -47,8 +48,8 @@ LogicalModel ZeroLogicalModel(const deepspeed::ZeroCheckpoint& z, bool exclude_f
         if (k >= t.pieces.size()) Fail("internal: tensor '{}' has too few pieces", t.name);
         const Piece& p = t.pieces[k];
         uint64_t lo = pos - (*starts)[k], hi = std::min(p.count, end - (*starts)[k]);
-        MappedFile::Window w(z.files[p.file]->map, p.offset + lo * size, (hi - lo) * size);
-        sink(w.bytes());
+        StreamRange(z.files[p.file]->map, p.offset + lo * size, (hi - lo) * size,
+                    [&sink](uint64_t, Bytes b) { sink(b); });
         pos = (*starts)[k] + hi;
       }
     };

@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -122,13 +123,65 @@ void AtomicOutput::Discard() {
   slot_ = -1;
 }
 
+namespace {
+
+thread_local AtomicOutput::Staged* t_staged = nullptr;
+// The staging buffer, kept by the thread for the next run.
+thread_local std::vector<uint8_t> t_stage_buffer;
+
+}  // namespace
+
+AtomicOutput::Staged::Staged(AtomicOutput& out, uint64_t offset, uint64_t size)
+    : out_(out), offset_(offset), size_(size), outer_(t_staged) {
+  if (t_stage_buffer.size() < size) t_stage_buffer.resize(size);
+  t_staged = this;
+}
+
+AtomicOutput::Staged::~Staged() {
+  t_staged = outer_;
+}
+
+uint8_t* AtomicOutput::Staged::Take(uint64_t offset, uint64_t size) {
+  if (offset < offset_ || size > size_ || offset - offset_ > size_ - size) return nullptr;
+  uint64_t begin = offset - offset_, end = begin + size;
+  if (!runs_.empty() && runs_.back().second == begin) {
+    runs_.back().second = end;
+  } else {
+    runs_.emplace_back(begin, end);
+  }
+  return t_stage_buffer.data() + begin;
+}
+
+void AtomicOutput::Staged::Flush() {
+  t_staged = outer_;  // what follows goes to the file
+  std::sort(runs_.begin(), runs_.end());
+  for (size_t i = 0; i < runs_.size();) {
+    uint64_t begin = runs_[i].first, end = runs_[i].second;
+    for (++i; i < runs_.size() && runs_[i].first <= end; ++i) end = std::max(end, runs_[i].second);
+    out_.Write(offset_ + begin, Bytes(t_stage_buffer.data() + begin, end - begin));
+  }
+  runs_.clear();
+}
+
 void AtomicOutput::Write(uint64_t offset, Bytes data) {
   dirty_ = true;
+  if (t_staged != nullptr && &t_staged->out_ == this) {
+    if (uint8_t* at = t_staged->Take(offset, data.size())) {
+      if (!data.empty()) std::memcpy(at, data.data(), data.size());
+      return;
+    }
+  }
   WriteFullyAt(fd_, data, offset, final_path_, "writing the new file failed");
 }
 
 void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) {
   dirty_ = true;
+  if (t_staged != nullptr && &t_staged->out_ == this) {
+    if (uint8_t* at = t_staged->Take(offset, size)) {
+      ReadFullyAt(in_fd, at, size, in_offset, "the input of " + final_path_);
+      return;
+    }
+  }
   while (size > 0) {
     off_t in = static_cast<off_t>(in_offset), out = static_cast<off_t>(offset);
     ssize_t n = ::copy_file_range(in_fd, &in, fd_, &out, size, 0);

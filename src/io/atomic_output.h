@@ -44,6 +44,32 @@ class AtomicOutput {
 
   // Thread-safe positioned writes.
   void Write(uint64_t offset, Bytes data);
+
+  // While one lives on a thread, that thread's Write and CopyFrom calls inside
+  // [offset, offset + size) of this output are collected in memory, and Flush() writes them
+  // with one pwrite per contiguous run: a run of 10^3 tiny records costs a few syscalls
+  // instead of three per record (header, data, descriptor). Only bytes written are flushed,
+  // so a hole never overwrites what another thread wrote. Without Flush() (an exception on
+  // the way out) the collected bytes are dropped: the output is being abandoned.
+  class Staged {
+   public:
+    Staged(AtomicOutput& out, uint64_t offset, uint64_t size);
+    ~Staged();
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+    void Flush();
+
+   private:
+    friend class AtomicOutput;
+    // Where [offset, offset + size) goes in the buffer, or nullptr outside the range.
+    uint8_t* Take(uint64_t offset, uint64_t size);
+
+    AtomicOutput& out_;
+    uint64_t offset_;
+    uint64_t size_;
+    Staged* outer_;  // the thread's previous staging, restored when this one goes
+    std::vector<std::pair<uint64_t, uint64_t>> runs_;  // written [begin, end), merged
+  };
   // Copies [in_offset, +size) of in_fd to `offset` inside the kernel when it can
   // (copy_file_range), else through a buffer.
   void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size);

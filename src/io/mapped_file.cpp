@@ -137,8 +137,27 @@ void MappedFile::Reset() {
 // until released -- which only whole pages can be: a file of 10^5 small records read through
 // the mapping kept all of its pages (40-70 MiB more at 160k tensors); one pread per record
 // costs no more time than the page faults did.
+namespace {
+thread_local MappedFile::Prefetched* t_prefetched = nullptr;
+}  // namespace
+
+MappedFile::Prefetched::Prefetched(const MappedFile& f, uint64_t offset, uint64_t size)
+    : f_(f), offset_(offset), window_(f, offset, size), outer_(t_prefetched) {
+  t_prefetched = this;
+}
+
+MappedFile::Prefetched::~Prefetched() {
+  t_prefetched = outer_;
+}
+
 MappedFile::Window::Window(const MappedFile& f, uint64_t offset, uint64_t size)
     : f_(f), offset_(offset), size_(size), bytes_(Slice(f.bytes(), offset, size)) {
+  if (const Prefetched* p = t_prefetched; p != nullptr && &p->f_ == &f && offset >= p->offset_ &&
+                                          offset - p->offset_ + size <= p->window_.size_) {
+    bytes_ = p->window_.bytes_.subspan(offset - p->offset_, size);
+    borrowed_ = true;
+    return;
+  }
   bool read = f.source_ != nullptr || f.fd_ >= 0;
   if (!read) {
     f.Populate(offset, size);
@@ -177,6 +196,7 @@ void MappedFile::Materialize(uint64_t offset, uint64_t size) const {
 }
 
 MappedFile::Window::~Window() {
+  if (borrowed_) return;
   if (!buffer_.data) {
     f_.Release(offset_, size_);
     return;

@@ -101,6 +101,25 @@ class MappedFile {
     uint64_t size_;
     Bytes bytes_;
     Buffer buffer_;
+    bool borrowed_ = false;  // bytes of this thread's Prefetched range
+  };
+
+  // While one lives on a thread, that thread's Windows of this file inside
+  // [offset, offset + size) show bytes read here in one go: a run of tiny tensors costs one
+  // pread instead of one per tensor. Windows must not outlive it.
+  class Prefetched {
+   public:
+    Prefetched(const MappedFile& f, uint64_t offset, uint64_t size);
+    ~Prefetched();
+    Prefetched(const Prefetched&) = delete;
+    Prefetched& operator=(const Prefetched&) = delete;
+
+   private:
+    friend class Window;
+    const MappedFile& f_;
+    uint64_t offset_;
+    Window window_;
+    Prefetched* outer_;
   };
 
   // Tells the kernel we will read [offset, offset+size) front to back.

@@ -55,4 +55,44 @@ std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsi
   return out;
 }
 
+std::vector<uint32_t> ParallelCrcInRuns(const std::vector<uint64_t>& range_sizes,
+                                        const std::vector<uint64_t>& span,
+                                        const std::vector<bool>& small, unsigned threads,
+                                        const PieceFn& fn, const RunFn& run) {
+  struct Unit {
+    size_t first, end;
+    bool run;
+  };
+  std::vector<Unit> units;
+  std::vector<uint64_t> unit_sizes;
+  for (size_t i = 0; i < range_sizes.size();) {
+    size_t end = i;
+    for (uint64_t bytes = 0;
+         end < range_sizes.size() && small[end] && (end == i || bytes + span[end] <= kSmallRun);
+         ++end)
+      bytes += span[end];
+    if (end - i >= 2) {
+      units.push_back({i, end, true});
+      unit_sizes.push_back(1);  // one job
+      i = end;
+    } else {
+      units.push_back({i, i + 1, false});
+      unit_sizes.push_back(range_sizes[i]);
+      ++i;
+    }
+  }
+  std::vector<uint32_t> out(range_sizes.size(), 0);
+  std::vector<uint32_t> single = ParallelCrc(unit_sizes, threads, kCrcPiece,
+                                             [&](size_t u, uint64_t off, uint64_t len) -> uint32_t {
+                                               const Unit& unit = units[u];
+                                               if (!unit.run) return fn(unit.first, off, len);
+                                               run(unit.first, unit.end, out.data());
+                                               return 0;
+                                             });
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u].run) out[units[u].first] = single[u];
+  }
+  return out;
+}
+
 }  // namespace ckpt

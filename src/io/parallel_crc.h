@@ -30,6 +30,21 @@ std::vector<uint32_t> ParallelCrc(const std::vector<uint64_t>& range_sizes, unsi
                                   uint64_t piece_size, const PieceFn& fn,
                                   const std::vector<uint64_t>* range_order = nullptr);
 
+// Ranges below kSmallRange bytes are handled in runs (see ParallelCrcInRuns, Crc32OfRanges)
+// of at most kSmallRun bytes: 10^5 tiny tensors then cost a few hundred jobs and syscalls.
+inline constexpr uint64_t kSmallRange = 64 << 10;
+inline constexpr uint64_t kSmallRun = 256 << 10;
+
+// ParallelCrc for a writer of many ranges, some tiny: consecutive ranges i with small[i]
+// whose `span[i]` (the file bytes each takes, headers included) add up to at most kSmallRun
+// form one job, run(first, end, crcs) -- which writes ranges [first, end) and stores their
+// CRCs in crcs[first..end) -- and every other range goes through fn as in ParallelCrc.
+using RunFn = std::function<void(size_t first, size_t end, uint32_t* crcs)>;
+std::vector<uint32_t> ParallelCrcInRuns(const std::vector<uint64_t>& range_sizes,
+                                        const std::vector<uint64_t>& span,
+                                        const std::vector<bool>& small, unsigned threads,
+                                        const PieceFn& fn, const RunFn& run);
+
 // CRC of a+b from CRC(a), CRC(b) and len(b).
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 

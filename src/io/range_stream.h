@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "base/byte_cursor.h"
 #include "io/mapped_file.h"
@@ -33,5 +35,19 @@ void StreamRange(const MappedFile& f, uint64_t offset, uint64_t size, Fn&& fn,
 
 // CRC32 of [offset, offset + size) of `f`.
 uint32_t Crc32OfRange(const MappedFile& f, uint64_t offset, uint64_t size);
+
+struct FileRange {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+// For a run of small reads of one file: the range covering them when one read of it costs
+// less than a read of each (it spans at most 2 x kSmallRun bytes, at most 4x those wanted).
+std::optional<FileRange> CoveringRange(const std::vector<FileRange>& reads);
+
+// CRC32 of each range, on `threads` threads: small ranges lying close together (a table of
+// 10^5 tiny records or tensors) are read a run at a time (parallel_crc.h: kSmallRun), one
+// pread per run instead of one per range; large ones in pieces across threads.
+std::vector<uint32_t> Crc32OfRanges(const MappedFile& f, const std::vector<FileRange>& ranges,
+                                    unsigned threads);
 
 }  // namespace ckpt

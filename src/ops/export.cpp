@@ -107,6 +107,14 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
   std::optional<kernels::Half> convert = it.convert ? to : std::nullopt;
   uint64_t scale = it.convert ? 2 : 1;
   std::string name = it.name;
+  if (IsContiguous(t) && t.storage >= 0) {
+    const torch::Storage& s = f.torch->model.storages[t.storage];
+    if (s.present && !s.compressed) {
+      src.input = &f.map;
+      src.input_offset = s.data_offset + t.byte_begin;
+      src.input_size = it.size * scale;
+    }
+  }
   src.write = [&f, &t, convert, scale, name](AtomicOutput& out, uint64_t dst, uint64_t off,
                                              uint64_t len) {
     if (IsContiguous(t)) {

@@ -119,12 +119,10 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   // Every record's bytes hash to the CRC written for it, and those CRCs came from the input's
   // bytes (or the input's own CRC for records copied whole): the data is the input's data.
   const auto& entries = o.archive->entries();
-  std::vector<uint64_t> sizes;
-  for (const zip::Entry& e : entries) sizes.push_back(e.size);
-  std::vector<uint32_t> crcs =
-      ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-        return Crc32OfRange(out, entries[i].data_offset + off, len);
-      });
+  std::vector<FileRange> ranges;
+  ranges.reserve(entries.size());
+  for (const zip::Entry& e : entries) ranges.push_back({e.data_offset, e.size});
+  std::vector<uint32_t> crcs = Crc32OfRanges(out, ranges, threads);
   for (size_t i = 0; i < entries.size(); ++i) {
     if (crcs[i] != entries[i].crc32) {
       Fail(

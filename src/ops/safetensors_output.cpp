@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -54,14 +55,42 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
     read_order.reserve(tensors.size());
     for (const TensorSource& t : tensors) read_order.push_back(t.read_order);
   }
-  std::vector<uint32_t> crcs = ParallelCrc(
-      sizes, o.threads, kCrcPiece,
-      [&](size_t i, uint64_t off, uint64_t len) {
-        const TensorSource& t = tensors[i];
-        return t.whole ? t.write(out, layout.offsets[i], 0, t.size)
-                       : t.write(out, layout.offsets[i] + off, off, len);
-      },
-      backed ? &read_order : nullptr);
+  auto piece = [&](size_t i, uint64_t off, uint64_t len) {
+    const TensorSource& t = tensors[i];
+    return t.whole ? t.write(out, layout.offsets[i], 0, t.size)
+                   : t.write(out, layout.offsets[i] + off, off, len);
+  };
+  std::vector<uint32_t> crcs;
+  if (backed) {
+    crcs = ParallelCrc(sizes, o.threads, kCrcPiece, piece, &read_order);
+  } else {
+    // Runs of small tensors are written by one job each, staged in memory: one pwrite per run.
+    std::vector<uint64_t> span(tensors.size());
+    std::vector<bool> small(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      span[i] = tensors[i].size;
+      small[i] = tensors[i].size < kSmallRange;
+    }
+    crcs = ParallelCrcInRuns(
+        sizes, span, small, o.threads, piece, [&](size_t first, size_t end, uint32_t* run_crcs) {
+          uint64_t begin = layout.offsets[first];
+          AtomicOutput::Staged staged(out, begin,
+                                      layout.offsets[end - 1] + tensors[end - 1].size - begin);
+          std::vector<FileRange> reads;
+          for (size_t i = first; i < end && reads.size() == i - first; ++i) {
+            if (tensors[i].input != nullptr && tensors[i].input == tensors[first].input)
+              reads.push_back({tensors[i].input_offset, tensors[i].input_size});
+          }
+          std::optional<MappedFile::Prefetched> prefetched;
+          if (reads.size() == end - first) {
+            if (auto cover = CoveringRange(reads))
+              prefetched.emplace(*tensors[first].input, cover->offset, cover->size);
+          }
+          for (size_t i = first; i < end; ++i)
+            run_crcs[i] = tensors[i].write(out, layout.offsets[i], 0, tensors[i].size);
+          staged.Flush();
+        });
+  }
   out.SetDefaultMode();
   out.Sync();
   MappedFile written = MappedFile::Open(out.temp_path());
@@ -93,13 +122,11 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
     if (spans.size() != tensors.size()) Fail("tensor count differs");
     safetensors::CheckTiling(spans, written.size() - back.data_offset,
                              [&](size_t i) -> std::string_view { return tensors[i].name; });
-    std::vector<uint64_t> back_sizes;
-    back_sizes.reserve(spans.size());
-    for (const safetensors::Span& t : spans) back_sizes.push_back(t.end - t.begin);
-    std::vector<uint32_t> back_crcs =
-        ParallelCrc(back_sizes, o.threads, kCrcPiece, [&](size_t k, uint64_t off, uint64_t len) {
-          return Crc32OfRange(written, back.data_offset + spans[k].begin + off, len);
-        });
+    std::vector<FileRange> back_ranges;
+    back_ranges.reserve(spans.size());
+    for (const safetensors::Span& t : spans)
+      back_ranges.push_back({back.data_offset + t.begin, t.end - t.begin});
+    std::vector<uint32_t> back_crcs = Crc32OfRanges(written, back_ranges, o.threads);
     for (size_t k = 0; k < back_crcs.size(); ++k) {
       if (back_crcs[k] != crcs[spans[k].id])
         Fail("tensor '{}' does not hold the bytes written", tensors[spans[k].id].name);

@@ -13,6 +13,7 @@
 namespace ckpt {
 
 class AtomicOutput;
+class MappedFile;
 
 struct TensorSource {
   std::string name;
@@ -29,6 +30,11 @@ struct TensorSource {
   // are read in this order, so a chunk decoded for one tensor serves the next.
   uint64_t read_order = kUnordered;
   static constexpr uint64_t kUnordered = ~0ull;
+  // When its bytes are one range of one input file (a contiguous tensor): that range, so that
+  // a run of small tensors can read the range covering theirs in one go.
+  const MappedFile* input = nullptr;
+  uint64_t input_offset = 0;
+  uint64_t input_size = 0;
 };
 
 // Refuses an empty list, two tensors of one name, and an alias (alias -> kept name) that is

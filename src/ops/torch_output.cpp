@@ -173,12 +173,10 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
       }
     }
     const auto& entries = back.archive->entries();
-    std::vector<uint64_t> entry_sizes;
-    for (const zip::Entry& e : entries) entry_sizes.push_back(e.size);
-    std::vector<uint32_t> back_crcs =
-        ParallelCrc(entry_sizes, o.threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) {
-          return Crc32OfRange(written, entries[i].data_offset + off, len);
-        });
+    std::vector<FileRange> entry_ranges;
+    entry_ranges.reserve(entries.size());
+    for (const zip::Entry& e : entries) entry_ranges.push_back({e.data_offset, e.size});
+    std::vector<uint32_t> back_crcs = Crc32OfRanges(written, entry_ranges, o.threads);
     if (entries.size() != specs.size())
       Fail("{} records read back, {} written", entries.size(), specs.size());
     for (size_t i = 0; i < entries.size(); ++i) {

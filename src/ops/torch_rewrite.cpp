@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -11,6 +12,7 @@
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
+#include "io/range_stream.h"
 #include "pickle/writer.h"
 
 namespace ckpt {
@@ -200,10 +202,17 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
   std::vector<uint32_t> crcs(records_.size(), 0);
   std::vector<uint64_t> sizes(records_.size(), 0);
   std::vector<bool> reuse(records_.size(), false);
+  // A storage record's header is written with its first piece; runs of small records are
+  // written whole (header, data, descriptor) by one job each, staged in memory.
+  std::vector<uint64_t> span(records_.size(), 0);
+  std::vector<bool> small(records_.size(), false);
+  std::vector<char> in_run(records_.size(), 0);
   for (size_t i = 0; i < records_.size(); ++i) {
-    out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
+    uint64_t next = i + 1 < records_.size() ? placed[i + 1].header_offset : zip_.directory_offset();
+    span[i] = next - placed[i].header_offset;
     const Record& r = records_[i];
     if (r.storage < 0) {
+      out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
       out.Write(placed[i].data_offset, AsBytes(r.data));
       crcs[i] = Crc32(0, AsBytes(r.data));
       // Written: the pickle (many MiB for 10^5 tensors) need not be held while the file is
@@ -213,6 +222,7 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     }
     const PlannedStorage& s = plan_.storages[r.storage];
     const torch::Storage& src = tf.model.storages[s.source];
+    small[i] = s.size() < kSmallRange;
     uint64_t offset;
     if (!SourceIsStored(s, &offset) || s.gather_tensor >= 0) {
       sizes[i] = WholeRange(s.size());  // the inflated stream or the gather
@@ -230,21 +240,53 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
 
   overflow_.assign(plan_.storages.size(), 0);
   // Pieces are in output coordinates; a converted storage reads twice as many input bytes.
-  std::vector<uint32_t> data_crcs =
-      ParallelCrc(sizes, threads, kCrcPiece, [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
-        size_t si = static_cast<size_t>(records_[i].storage);
-        const PlannedStorage& s = plan_.storages[si];
-        uint64_t dst = placed[i].data_offset, src_offset;
-        if (s.gather_tensor >= 0) {
-          if (progress.bytes_done) *progress.bytes_done += s.size();
-          return WriteGathered(s, out, dst);
+  auto write_piece = [&](size_t i, uint64_t off, uint64_t len) -> uint32_t {
+    if (off == 0) out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
+    size_t si = static_cast<size_t>(records_[i].storage);
+    const PlannedStorage& s = plan_.storages[si];
+    uint64_t dst = placed[i].data_offset, src_offset;
+    if (s.gather_tensor >= 0) {
+      if (progress.bytes_done) *progress.bytes_done += s.size();
+      return WriteGathered(s, out, dst);
+    }
+    if (!SourceIsStored(s, &src_offset)) return WriteInflated(si, out, dst, progress);
+    if (progress.bytes_done) *progress.bytes_done += s.convert ? 2 * len : len;
+    return WriteStored(si, off, len, reuse[i], out, dst);
+  };
+  std::vector<uint32_t> data_crcs = ParallelCrcInRuns(
+      sizes, span, small, threads, write_piece, [&](size_t first, size_t end, uint32_t* run_crcs) {
+        uint64_t begin = placed[first].header_offset;
+        AtomicOutput::Staged staged(out, begin,
+                                    placed[end - 1].header_offset + span[end - 1] - begin);
+        // The input bytes of the run, read in one go when they lie close together.
+        std::vector<FileRange> reads;
+        for (size_t i = first; i < end; ++i) {
+          const PlannedStorage& s = plan_.storages[records_[i].storage];
+          uint64_t at;
+          if (s.gather_tensor < 0 && SourceIsStored(s, &at))
+            reads.push_back({at, s.convert ? 2 * s.size() : s.size()});
         }
-        if (!SourceIsStored(s, &src_offset)) return WriteInflated(si, out, dst, progress);
-        if (progress.bytes_done) *progress.bytes_done += s.convert ? 2 * len : len;
-        return WriteStored(si, off, len, reuse[i], out, dst);
+        std::optional<MappedFile::Prefetched> prefetched;
+        if (auto cover = CoveringRange(reads))
+          prefetched.emplace(in_.map, cover->offset, cover->size);
+        for (size_t i = first; i < end; ++i) {
+          uint32_t crc = sizes[i] > 0 ? write_piece(i, 0, sizes[i]) : 0;
+          if (sizes[i] == 0) out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
+          run_crcs[i] = reuse[i] ? crcs[i] : crc;
+          out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, run_crcs[i])));
+          in_run[i] = 1;
+        }
+        staged.Flush();
       });
   for (size_t i = 0; i < records_.size(); ++i) {
-    if (records_[i].storage >= 0 && !reuse[i]) crcs[i] = data_crcs[i];
+    if (in_run[i]) {
+      crcs[i] = data_crcs[i];
+      continue;
+    }
+    if (records_[i].storage >= 0) {
+      if (sizes[i] == 0) out.Write(placed[i].header_offset, AsBytes(zip_.LocalHeader(i)));
+      if (!reuse[i]) crcs[i] = data_crcs[i];
+    }
     out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
   }
   out.Write(zip_.directory_offset(), AsBytes(zip_.DirectoryAndEnd(crcs)));

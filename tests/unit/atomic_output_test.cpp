@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -70,6 +72,43 @@ TEST_F(AtomicOutputTest, ReplacesOnlyAtCommit) {
   }
   EXPECT_EQ(Get(Path("a.pt")), "new");
   EXPECT_EQ(Listing(), std::vector<std::string>{"a.pt"});
+}
+
+TEST_F(AtomicOutputTest, StagedWritesLandAtFlushAndNeverFillHoles) {
+  auto b = [](const char* text) {
+    return Bytes(reinterpret_cast<const uint8_t*>(text), std::strlen(text));
+  };
+  AtomicOutput out = AtomicOutput::Create(Path("s.bin"), 16);
+  out.Write(0, b("................"));
+  {
+    AtomicOutput::Staged staged(out, 2, 10);  // [2, 12)
+    out.Write(2, b("ab"));
+    out.Write(4, b("cd"));   // joins the run [2, 6)
+    out.Write(9, b("xyz"));  // a second run [9, 12)
+    out.Write(12, b("Z"));   // outside: straight to the file
+    EXPECT_EQ(Get(out.temp_path()), "............Z...");
+    // Another thread writes into the hole [6, 9) meanwhile: it goes straight to the file,
+    // and the flush must leave it alone.
+    std::thread([&] { out.Write(6, b("HHH")); }).join();
+    staged.Flush();
+    out.Write(0, b("<"));  // after Flush: straight to the file again
+  }
+  EXPECT_EQ(Get(out.temp_path()), "<.abcdHHHxyzZ...");
+  {
+    AtomicOutput::Staged dropped(out, 0, 16);
+    out.Write(0, b("dropped"));
+  }  // no Flush: an abandoned output's bytes are not written
+  EXPECT_EQ(Get(out.temp_path()), "<.abcdHHHxyzZ...");
+  // CopyFrom inside a staged range reads the input into the buffer.
+  Put(Path("in.bin"), "0123456789");
+  MappedFile in = MappedFile::Open(Path("in.bin"));
+  {
+    AtomicOutput::Staged staged(out, 12, 4);
+    out.CopyFrom(in.fd(), 3, 12, 4);
+    EXPECT_EQ(Get(out.temp_path()).substr(12), "Z...");
+    staged.Flush();
+  }
+  EXPECT_EQ(Get(out.temp_path()), "<.abcdHHHxyz3456");
 }
 
 TEST_F(AtomicOutputTest, AbandonedOutputLeavesNothingBehind) {

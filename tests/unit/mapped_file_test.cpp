@@ -1,14 +1,18 @@
 // MappedFile windows are read into reused buffers and show the file's bytes whatever their
-// size; a file cut short under a reader is an error rather than a crash.
+// size; ranges streamed or hashed in runs (range_stream.h) too; a file cut short under a
+// reader is an error rather than a crash.
 #include "io/mapped_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 
 #include "base/error.h"
+#include "io/crc32.h"
+#include "io/range_stream.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -40,6 +44,45 @@ TEST(MappedFileWindowTest, EveryWindowShowsTheFileBytesWhateverItsSize) {
   }
   MappedFile::Window all(m, 0, data.size());
   EXPECT_EQ(Text(all.bytes()), data);
+}
+
+TEST(RangeStreamTest, StreamsAndCrcsOfRangesEqualTheFileBytes) {
+  test::TempDir dir;
+  std::string data = Pattern(3u << 20);
+  MappedFile m = MappedFile::Open(dir.Put("f.bin", data));
+  // StreamRange hands out consecutive windows of at most the chunk size.
+  std::string seen;
+  uint64_t windows = 0;
+  StreamRange(m, 12345, (1u << 20) + 7, [&](uint64_t off, Bytes b) {
+    EXPECT_EQ(off, seen.size());
+    EXPECT_LE(b.size(), kStreamChunk);
+    seen += Text(b);
+    ++windows;
+  });
+  EXPECT_EQ(seen, data.substr(12345, (1u << 20) + 7));
+  EXPECT_EQ(windows, (1u << 20) / kStreamChunk + 1);
+  // Ranges of every kind: tiny and close together (read in runs), touching, overlapping,
+  // empty, out of order, far apart, larger than a run.
+  std::mt19937_64 rng(5);
+  std::vector<FileRange> ranges;
+  for (uint64_t at = 1000; ranges.size() < 3000; at += 300 + rng() % 200)
+    ranges.push_back({at, 1 + rng() % 300});
+  ranges.push_back({0, 0});
+  ranges.push_back({5000, 100000});  // overlaps many small ones
+  ranges.push_back({2u << 20, 1u << 20});
+  ranges.push_back({77, 64});
+  ranges.push_back({(3u << 20) - 10, 10});
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  for (unsigned threads : {1u, 3u}) {
+    std::vector<uint32_t> crcs = Crc32OfRanges(m, ranges, threads);
+    ASSERT_EQ(crcs.size(), ranges.size());
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      EXPECT_EQ(crcs[i], Crc32(0, test::B(data.substr(ranges[i].offset, ranges[i].size))))
+          << ranges[i].offset << "+" << ranges[i].size;
+    }
+  }
+  // A range past the end is an error, not a read of other memory.
+  EXPECT_THROW(Crc32OfRanges(m, {{data.size() - 5, 10}}, 1), Error);
 }
 
 TEST(MappedFileWindowTest, WindowsAliveTogetherHaveTheirOwnBytesAndBuffersAreReused) {

@@ -12,15 +12,27 @@ namespace ckpt {
 
 namespace {
 
-// Stored records are hashed in parallel pieces; deflated ones are inflated as a stream.
+// Stored records are hashed from the file, close small ones a run at a time
+// (Crc32OfRanges); deflated ones, and stored ones the directory places outside the file, are
+// hashed one by one so that each failure is reported against its record.
 
 void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   const zip::Archive& a = *f.torch->archive;
   Bytes file = f.map.bytes();
   const auto& entries = a.entries();
-  std::vector<uint64_t> sizes;
-  for (const zip::Entry& e : entries)
-    sizes.push_back(e.method == zip::Method::kStored ? e.size : WholeRange(e.size));
+  std::vector<uint64_t> sizes(entries.size(), 0);
+  std::vector<FileRange> stored;
+  std::vector<size_t> stored_entry;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const zip::Entry& e = entries[i];
+    if (e.method == zip::Method::kStored && e.data_offset <= file.size() &&
+        e.size <= file.size() - e.data_offset) {
+      stored.push_back({e.data_offset, e.size});
+      stored_entry.push_back(i);
+    } else {
+      sizes[i] = e.method == zip::Method::kStored ? e.size : WholeRange(e.size);
+    }
+  }
   std::mutex mutex;
   std::vector<torch::Problem> errors;
   std::vector<uint32_t> crcs =
@@ -41,6 +53,8 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
           return e.crc32;
         }
       });
+  std::vector<uint32_t> stored_crcs = Crc32OfRanges(f.map, stored, threads);
+  for (size_t k = 0; k < stored.size(); ++k) crcs[stored_entry[k]] = stored_crcs[k];
   for (size_t i = 0; i < entries.size(); ++i) {
     const zip::Entry& e = entries[i];
     out.records_checked++;

@@ -29,8 +29,9 @@ std::optional<FileRange> CoveringRange(const std::vector<FileRange>& reads) {
 
 std::vector<uint32_t> Crc32OfRanges(const MappedFile& f, const std::vector<FileRange>& ranges,
                                     unsigned threads) {
-  // Sorted by offset, a run takes small ranges while the bytes it reads (gaps between them
-  // included, at most a page each) stay within kSmallRun.
+  // Sorted by offset, a range is small when it is below kSmallRange and the next one starts
+  // at most kMaxGap bytes after its end (its span counts that gap); a run takes consecutive
+  // small ranges while the bytes it reads stay within kSmallRun.
   constexpr uint64_t kMaxGap = 4096;
   std::vector<size_t> order(ranges.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -46,7 +47,6 @@ std::vector<uint32_t> Crc32OfRanges(const MappedFile& f, const std::vector<FileR
     span[k] = r.size + std::min(gap, kMaxGap);
     small[k] = r.size < kSmallRange && gap <= kMaxGap;
   }
-  // A run's last range need not be followed closely: it ends the run.
   std::vector<uint32_t> sorted = ParallelCrcInRuns(
       sizes, span, small, threads,
       [&](size_t k, uint64_t off, uint64_t len) {

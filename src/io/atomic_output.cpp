@@ -174,17 +174,20 @@ void AtomicOutput::Write(uint64_t offset, Bytes data) {
   WriteFullyAt(fd_, data, offset, final_path_, "writing the new file failed");
 }
 
-void AtomicOutput::CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size) {
+void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t offset,
+                            uint64_t size) {
   dirty_ = true;
   if (t_staged != nullptr && &t_staged->out_ == this) {
     if (uint8_t* at = t_staged->Take(offset, size)) {
-      ReadFullyAt(in_fd, at, size, in_offset, "the input of " + final_path_);
+      MappedFile::Window w(in, in_offset, size);
+      if (size > 0) std::memcpy(at, w.bytes().data(), size);
       return;
     }
   }
+  const int in_fd = in.fd();
   while (size > 0) {
-    off_t in = static_cast<off_t>(in_offset), out = static_cast<off_t>(offset);
-    ssize_t n = ::copy_file_range(in_fd, &in, fd_, &out, size, 0);
+    off_t from = static_cast<off_t>(in_offset), to = static_cast<off_t>(offset);
+    ssize_t n = ::copy_file_range(in_fd, &from, fd_, &to, size, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // unsupported here, or a short source: fall back below
     in_offset += static_cast<uint64_t>(n);

@@ -70,9 +70,10 @@ class AtomicOutput {
     Staged* outer_;  // the thread's previous staging, restored when this one goes
     std::vector<std::pair<uint64_t, uint64_t>> runs_;  // written [begin, end), merged
   };
-  // Copies [in_offset, +size) of in_fd to `offset` inside the kernel when it can
-  // (copy_file_range), else through a buffer.
-  void CopyFrom(int in_fd, uint64_t in_offset, uint64_t offset, uint64_t size);
+  // Copies [in_offset, +size) of `in` to `offset` inside the kernel when it can
+  // (copy_file_range), else through a buffer. Inside a Staged range the bytes are read
+  // through a MappedFile::Window instead, so a run's Prefetched bytes serve them.
+  void CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t offset, uint64_t size);
 
   // Bounded-size mode: Create() reserved an upper bound; this cuts the file to the size
   // actually written (an archive whose compressed size is known only at the end).

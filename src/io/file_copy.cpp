@@ -7,7 +7,7 @@ namespace ckpt {
 void CopyFileAtomically(const MappedFile& in, const std::string& dest) {
   AtomicOutput out = AtomicOutput::Create(dest, in.size());
   out.RequireUnchanged(in);
-  out.CopyFrom(in.fd(), 0, 0, in.size());
+  out.CopyFrom(in, 0, 0, in.size());
   out.SetMode(in.mode(), in.uid(), in.gid());
   out.Commit();
 }

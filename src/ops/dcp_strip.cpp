@@ -214,8 +214,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     std::vector<uint32_t> copied =
         ParallelCrc(sizes, o.threads, kCrcPiece, [&](size_t k, uint64_t off, uint64_t len) {
           const dcp::StorageEntry& s = md.storage[c.items[kept_items[f][k]].entry];
-          out.CopyFrom(c.files[f].map->fd(), s.offset + off, new_offset[kept_items[f][k]] + off,
-                       len);
+          out.CopyFrom(*c.files[f].map, s.offset + off, new_offset[kept_items[f][k]] + off, len);
           return Crc32OfRange(*c.files[f].map, s.offset + off, len);
         });
     for (size_t k = 0; k < copied.size(); ++k) crcs[kept_items[f][k]].first = copied[k];

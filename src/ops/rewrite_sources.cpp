@@ -22,8 +22,8 @@ uint32_t TorchRewrite::WriteStored(size_t storage, uint64_t off, uint64_t len, b
   const PlannedStorage& s = plan_.storages[storage];
   uint64_t src_offset = 0;
   if (!SourceIsStored(s, &src_offset)) Fail("internal: storage {} is not stored", storage);
-  if (whole_record && len >= kSmallRange) {  // a small one may be in a run's prefetched bytes
-    out.CopyFrom(in_.map.fd(), src_offset + off, dst + off, len);
+  if (whole_record) {
+    out.CopyFrom(in_.map, src_offset + off, dst + off, len);
     return 0;
   }
   uint64_t scale = s.convert ? 2 : 1, overflow = 0;

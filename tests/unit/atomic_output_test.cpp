@@ -104,7 +104,7 @@ TEST_F(AtomicOutputTest, StagedWritesLandAtFlushAndNeverFillHoles) {
   MappedFile in = MappedFile::Open(Path("in.bin"));
   {
     AtomicOutput::Staged staged(out, 12, 4);
-    out.CopyFrom(in.fd(), 3, 12, 4);
+    out.CopyFrom(in, 3, 12, 4);
     EXPECT_EQ(Get(out.temp_path()).substr(12), "Z...");
     staged.Flush();
   }

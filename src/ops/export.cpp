@@ -111,8 +111,7 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
     const torch::Storage& s = f.torch->model.storages[t.storage];
     if (s.present && !s.compressed) {
       src.input = &f.map;
-      src.input_offset = s.data_offset + t.byte_begin;
-      src.input_size = it.size * scale;
+      src.input_range = {s.data_offset + t.byte_begin, it.size * scale};
     }
   }
   src.write = [&f, &t, convert, scale, name](AtomicOutput& out, uint64_t dst, uint64_t off,

@@ -79,7 +79,7 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
           std::vector<FileRange> reads;
           for (size_t i = first; i < end && reads.size() == i - first; ++i) {
             if (tensors[i].input != nullptr && tensors[i].input == tensors[first].input)
-              reads.push_back({tensors[i].input_offset, tensors[i].input_size});
+              reads.push_back(tensors[i].input_range);
           }
           std::optional<MappedFile::Prefetched> prefetched;
           if (reads.size() == end - first) {

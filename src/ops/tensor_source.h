@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "io/range_stream.h"
 #include "torch/dtype.h"
 
 namespace ckpt {
 
 class AtomicOutput;
-class MappedFile;
 
 struct TensorSource {
   std::string name;
@@ -33,8 +33,7 @@ struct TensorSource {
   // When its bytes are one range of one input file (a contiguous tensor): that range, so that
   // a run of small tensors can read the range covering theirs in one go.
   const MappedFile* input = nullptr;
-  uint64_t input_offset = 0;
-  uint64_t input_size = 0;
+  FileRange input_range{};
 };
 
 // Refuses an empty list, two tensors of one name, and an alias (alias -> kept name) that is

@@ -128,8 +128,17 @@ namespace {
 thread_local AtomicOutput::Staged* t_staged = nullptr;
 // The staging buffer, kept by the thread for the next run.
 thread_local std::vector<uint8_t> t_stage_buffer;
+thread_local AtomicOutput::CheckedWrites* t_checked = nullptr;
 
 }  // namespace
+
+AtomicOutput::CheckedWrites::CheckedWrites(AtomicOutput& out) : out_(out), outer_(t_checked) {
+  t_checked = this;
+}
+
+AtomicOutput::CheckedWrites::~CheckedWrites() {
+  t_checked = outer_;
+}
 
 AtomicOutput::Staged::Staged(AtomicOutput& out, uint64_t offset, uint64_t size)
     : out_(out), offset_(offset), size_(size), outer_(t_staged) {
@@ -167,11 +176,13 @@ void AtomicOutput::Write(uint64_t offset, Bytes data) {
   dirty_ = true;
   if (t_staged != nullptr && &t_staged->out_ == this) {
     if (uint8_t* at = t_staged->Take(offset, data.size())) {
+      NotChecked();  // the bytes reach the file at Flush
       if (!data.empty()) std::memcpy(at, data.data(), data.size());
       return;
     }
   }
   WriteFullyAt(fd_, data, offset, final_path_, "writing the new file failed");
+  if (Checked()) CheckWritten(offset, data);
 }
 
 void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t offset,
@@ -179,11 +190,13 @@ void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t o
   dirty_ = true;
   if (t_staged != nullptr && &t_staged->out_ == this) {
     if (uint8_t* at = t_staged->Take(offset, size)) {
+      NotChecked();
       MappedFile::Window w(in, in_offset, size);
       if (size > 0) std::memcpy(at, w.bytes().data(), size);
       return;
     }
   }
+  if (size > 0) NotChecked();  // the kernel copies
   const int in_fd = in.fd();
   while (size > 0) {
     off_t from = static_cast<off_t>(in_offset), to = static_cast<off_t>(offset);
@@ -206,6 +219,34 @@ void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t o
     in_offset += static_cast<uint64_t>(n);
     offset += static_cast<uint64_t>(n);
     size -= static_cast<uint64_t>(n);
+  }
+}
+
+bool AtomicOutput::Checked() const {
+  for (const CheckedWrites* c = t_checked; c != nullptr; c = c->outer_) {
+    if (&c->out_ == this) return true;
+  }
+  return false;
+}
+
+void AtomicOutput::NotChecked() {
+  for (CheckedWrites* c = t_checked; c != nullptr; c = c->outer_) {
+    if (&c->out_ == this) c->all_checked_ = false;
+  }
+}
+
+void AtomicOutput::CheckWritten(uint64_t offset, Bytes written) const {
+  thread_local std::vector<uint8_t> buffer;
+  constexpr size_t kBuffer = 256 << 10;
+  for (size_t done = 0; done < written.size();) {
+    size_t n = std::min(kBuffer, written.size() - done);
+    if (buffer.size() < n) buffer.resize(n);
+    ReadFullyAt(fd_, buffer.data(), n, offset + done, temp_path_);
+    if (std::memcmp(buffer.data(), written.data() + done, n) != 0) {
+      Fail("{}: bytes {}..{} of the new file read back differently than they were written",
+           temp_path_, offset + done, offset + done + n);
+    }
+    done += n;
   }
 }
 

@@ -70,6 +70,30 @@ class AtomicOutput {
     Staged* outer_;  // the thread's previous staging, restored when this one goes
     std::vector<std::pair<uint64_t, uint64_t>> runs_;  // written [begin, end), merged
   };
+  // While one lives on a thread, that thread's Write calls on this output that reach the file
+  // (not those collected by a Staged range) read their bytes straight back and fail unless
+  // the file holds what was written. Read back at once, a chunk is still in the cache: this
+  // costs a fraction of re-reading the finished file, so a writer can skip that re-read for
+  // ranges whose every byte was checked here (all_checked()). A CopyFrom that the kernel
+  // does (its bytes never pass through memory), or any write a Staged range collects, is not
+  // checked and clears all_checked().
+  class CheckedWrites {
+   public:
+    explicit CheckedWrites(AtomicOutput& out);
+    ~CheckedWrites();
+    CheckedWrites(const CheckedWrites&) = delete;
+    CheckedWrites& operator=(const CheckedWrites&) = delete;
+    bool all_checked() const { return all_checked_; }
+
+   private:
+    friend class AtomicOutput;
+    AtomicOutput& out_;
+    CheckedWrites* outer_;
+    bool all_checked_ = true;
+  };
+  // Fails, naming the byte range, unless the file holds `written` at `offset`.
+  void CheckWritten(uint64_t offset, Bytes written) const;
+
   // Copies [in_offset, +size) of `in` to `offset` inside the kernel when it can
   // (copy_file_range), else through a buffer. Inside a Staged range the bytes are read
   // through a MappedFile::Window instead, so a run's Prefetched bytes serve them.
@@ -94,6 +118,11 @@ class AtomicOutput {
  private:
   AtomicOutput() = default;
   void Discard();
+  // A CheckedWrites of this output lives on this thread.
+  bool Checked() const;
+  // Clears all_checked() of this thread's CheckedWrites of this output: bytes that did not
+  // pass CheckWritten.
+  void NotChecked();
 
   std::string final_path_;
   bool replaces_ = false;  // final_path_ existed at Create()

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
+#include "io/checked_ranges.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "io/range_stream.h"
@@ -253,8 +254,15 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     if (progress.bytes_done) *progress.bytes_done += s.convert ? 2 * len : len;
     return WriteStored(si, off, len, reuse[i], out, dst);
   };
+  // Pieces written through memory are read back as they land (io/checked_ranges.h): a
+  // record whose every piece was needs no re-read in Verify.
+  CheckedRanges checked(records_.size());
+  auto checked_piece = [&](size_t i, uint64_t off, uint64_t len) {
+    return checked.Write(out, i, [&] { return write_piece(i, off, len); });
+  };
   std::vector<uint32_t> data_crcs = ParallelCrcInRuns(
-      sizes, span, small, threads, write_piece, [&](size_t first, size_t end, uint32_t* run_crcs) {
+      sizes, span, small, threads, checked_piece,
+      [&](size_t first, size_t end, uint32_t* run_crcs) {
         uint64_t begin = placed[first].header_offset;
         AtomicOutput::Staged staged(out, begin,
                                     placed[end - 1].header_offset + span[end - 1] - begin);
@@ -290,6 +298,12 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
     out.Write(placed[i].descriptor_offset, AsBytes(zip_.Descriptor(i, crcs[i])));
   }
   out.Write(zip_.directory_offset(), AsBytes(zip_.DirectoryAndEnd(crcs)));
+  checked_.clear();
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (checked.checked(i))
+      checked_.push_back(
+          {placed[i].data_offset, plan_.storages[records_[i].storage].size(), crcs[i]});
+  }
   out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
   {
     PerfTimer sync("fsync");

@@ -108,6 +108,15 @@ class TorchRewrite {
   // Re-reads the written file and checks it against expected_ and the plan.
   void Verify(const MappedFile& out, unsigned threads) const;
 
+  // A record whose bytes were read back and checked as they were written
+  // (AtomicOutput::CheckedWrites): Verify checks its place and CRC in the written directory
+  // instead of reading it again.
+  struct CheckedRecord {
+    uint64_t data_offset = 0;
+    uint64_t size = 0;
+    uint32_t crc = 0;
+  };
+
   CheckpointFile& in_;
   RewritePlan plan_;
   std::vector<StorageOutput> outputs_;
@@ -117,7 +126,8 @@ class TorchRewrite {
   std::vector<torch::NameList> names_;  // the input tensors' names, once their rows are freed
   std::unordered_map<int32_t, torch::Tensor> gathered_;  // rows of gathered tensors, by index
   std::vector<Record> records_;
-  zip::ZipPlan zip_;  // freed once the file is written
+  std::vector<CheckedRecord> checked_;  // by data_offset
+  zip::ZipPlan zip_;                    // freed once the file is written
   uint64_t output_size_ = 0;
   std::vector<uint64_t> overflow_;
   std::mutex overflow_mutex_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "io/checked_ranges.h"
 #include "io/mapped_file.h"
 #include "test_util.h"
 
@@ -109,6 +110,105 @@ TEST_F(AtomicOutputTest, StagedWritesLandAtFlushAndNeverFillHoles) {
     staged.Flush();
   }
   EXPECT_EQ(Get(out.temp_path()), "<.abcdHHHxyz3456");
+}
+
+TEST_F(AtomicOutputTest, CheckedWritesReadBackWhatReachesTheFileAndKnowWhatDidNot) {
+  auto b = [](const char* text) {
+    return Bytes(reinterpret_cast<const uint8_t*>(text), std::strlen(text));
+  };
+  Put(Path("in.bin"), "0123456789");
+  MappedFile in = MappedFile::Open(Path("in.bin"));
+  AtomicOutput out = AtomicOutput::Create(Path("c.bin"), 16);
+  AtomicOutput other = AtomicOutput::Create(Path("o.bin"), 16);
+  {
+    AtomicOutput::CheckedWrites scope(out);
+    out.Write(0, b("abcd"));
+    other.CopyFrom(in, 0, 0, 4);  // another output's kernel copy does not count
+    EXPECT_TRUE(scope.all_checked());
+    {
+      AtomicOutput::CheckedWrites inner(other);  // a scope of another output, nested
+      out.Write(4, b("ef"));
+      EXPECT_TRUE(scope.all_checked());
+      {
+        AtomicOutput::Staged staged(out, 8, 4);
+        out.Write(8, b("wxyz"));  // collected in memory: not read back at once
+        staged.Flush();
+      }
+      EXPECT_TRUE(inner.all_checked());
+    }
+    EXPECT_FALSE(scope.all_checked());
+  }
+  {
+    AtomicOutput::CheckedWrites scope(out);
+    out.CopyFrom(in, 2, 12, 4);  // the kernel copies: never in memory, not checked
+    EXPECT_FALSE(scope.all_checked());
+  }
+  {
+    AtomicOutput::CheckedWrites scope(out);
+    out.CopyFrom(in, 2, 12, 0);  // nothing copied
+    EXPECT_TRUE(scope.all_checked());
+  }
+  EXPECT_EQ(Get(out.temp_path()), std::string("abcdef\0\0wxyz2345", 16));
+  // What is checked is what the file holds: bytes changed behind the writer's back fail,
+  // naming the range of the chunk that differs.
+  out.CheckWritten(0, b("abcdef"));
+  {
+    std::fstream f(out.temp_path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f << 'D';
+  }
+  EXPECT_EQ(test::ErrorOf([&] { out.CheckWritten(0, b("abcdef")); }),
+            out.temp_path() +
+                ": bytes 0..6 of the new file read back differently than they "
+                "were written");
+  // A file cut short reads as one.
+  ASSERT_EQ(::truncate(out.temp_path().c_str(), 8), 0);
+  Bytes tail(reinterpret_cast<const uint8_t*>("\0\0wxyz"), 6);
+  EXPECT_NE(test::ErrorOf([&] { out.CheckWritten(6, tail); }).find("truncated"), std::string::npos);
+}
+
+TEST_F(AtomicOutputTest, CheckedRangesKnowWhichRangesWereReadBackWhole) {
+  // Four ranges of 64 bytes, each written in 4 pieces on 3 threads: range 0 all through
+  // memory, range 1 with one piece the kernel copies, range 2 never written, range 3 with a
+  // piece collected by a Staged run.
+  Put(Path("in.bin"), std::string(64, 'k'));
+  MappedFile in = MappedFile::Open(Path("in.bin"));
+  AtomicOutput out = AtomicOutput::Create(Path("r.bin"), 256);
+  CheckedRanges checked(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int piece = t; piece < 4; piece += 3) {
+        for (size_t range : {0, 1, 3}) {
+          uint64_t at = 64 * range + 16 * piece;
+          int got = checked.Write(out, range, [&] {
+            if (range == 1 && piece == 2) {
+              out.CopyFrom(in, 0, at, 16);
+            } else if (range == 3 && piece == 1) {
+              AtomicOutput::Staged staged(out, at, 16);
+              out.Write(at, Bytes(reinterpret_cast<const uint8_t*>("ssssssssssssssss"), 16));
+              staged.Flush();
+            } else {
+              out.Write(at, Bytes(reinterpret_cast<const uint8_t*>("wwwwwwwwwwwwwwww"), 16));
+            }
+            return piece;
+          });
+          EXPECT_EQ(got, piece);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(checked.checked(0));
+  EXPECT_FALSE(checked.checked(1));
+  EXPECT_FALSE(checked.checked(2));
+  EXPECT_FALSE(checked.checked(3));
+  std::string file = Get(out.temp_path());
+  EXPECT_EQ(file.substr(0, 64), std::string(64, 'w'));
+  EXPECT_EQ(file.substr(64, 64),
+            std::string(32, 'w') + std::string(16, 'k') + std::string(16, 'w'));
+  EXPECT_EQ(file.substr(192, 64),
+            std::string(16, 'w') + std::string(16, 's') + std::string(32, 'w'));
 }
 
 TEST_F(AtomicOutputTest, AbandonedOutputLeavesNothingBehind) {

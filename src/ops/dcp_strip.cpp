@@ -15,7 +15,6 @@
 #include "base/names.h"
 #include "dcp/dcp_checkpoint.h"
 #include "io/atomic_output.h"
-#include "io/crc32.h"
 #include "io/file_copy.h"
 #include "io/folders.h"
 #include "io/parallel_crc.h"
@@ -261,13 +260,20 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
                   auto it = file_of.find(c.files[f].name);
                   if (it == file_of.end()) Fail("{} is missing", c.files[f].name);
                   const dcp::DataFile& bf = back.files[it->second];
+                  if (!bf.map) Fail("{} is missing", bf.name);
+                  std::vector<FileRange> ranges;
                   for (size_t i : kept_items[f]) {
                     const dcp::StorageEntry& s = md.storage[c.items[i].entry];
                     if (new_offset[i] + s.length > bf.bytes.size()) Fail("{} is short", bf.name);
-                    uint32_t crc = Crc32(0, bf.bytes.subspan(new_offset[i], s.length));
-                    if (crc != crcs[i].first)
-                      Fail("the item of '{}' at {} of {} does not hold the bytes copied", s.fqn,
-                           new_offset[i], bf.name);
+                    ranges.push_back({new_offset[i], s.length});
+                  }
+                  // Read in pieces on every thread (the items were copied by the kernel).
+                  std::vector<uint32_t> back_crcs = Crc32OfRanges(*bf.map, ranges, o.threads);
+                  for (size_t k = 0; k < ranges.size(); ++k) {
+                    size_t i = kept_items[f][k];
+                    if (back_crcs[k] != crcs[i].first)
+                      Fail("the item of '{}' at {} of {} does not hold the bytes copied",
+                           md.storage[c.items[i].entry].fqn, new_offset[i], bf.name);
                   }
                 }
               });

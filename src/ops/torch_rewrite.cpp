@@ -304,6 +304,9 @@ void TorchRewrite::Write(const std::string& final_path, unsigned threads,
       checked_.push_back(
           {placed[i].data_offset, plan_.storages[records_[i].storage].size(), crcs[i]});
   }
+  std::sort(
+      checked_.begin(), checked_.end(),  // Verify looks records up by offset
+      [](const CheckedRecord& a, const CheckedRecord& b) { return a.data_offset < b.data_offset; });
   out.SetMode(in_.map.mode(), in_.map.uid(), in_.map.gid());
   {
     PerfTimer sync("fsync");

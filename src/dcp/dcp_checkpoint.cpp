@@ -190,6 +190,22 @@ void ReadItem(Checkpoint& c, Item& item, const EntryMeta* meta, const ChunkMeta*
   item.readable = true;
 }
 
+}  // namespace
+
+void ItemPages::Read(const Item& item) {
+  if (item.file < 0 || item.map == nullptr) return;
+  const MappedFile* file = c_.files[static_cast<size_t>(item.file)].map.get();
+  if (item.map != file) {  // decompressed into a temp file of its own
+    item.map->Release(0, item.map->size());
+    return;
+  }
+  file->Release(item.archive_offset, item.archive.size());
+  if (++reads_[static_cast<size_t>(item.file)] % kItemsPerSweep == 0)
+    file->Release(0, file->size());
+}
+
+namespace {
+
 // Cuts the tensor into the grid of its chunks' boundaries and checks that the chunks tile it.
 void BuildGrid(Checkpoint& c, Tensor& t) {
   const size_t dims = t.shape.size();
@@ -289,6 +305,7 @@ void Resolve(Checkpoint& c) {
     if (f != file_index.end()) c.items[i].file = static_cast<int32_t>(f->second);
   }
   std::vector<bool> used(md.storage.size(), false);
+  ItemPages pages(c);
   auto read = [&](Item& item, const EntryMeta& e, const ChunkMeta* chunk) {
     const StorageEntry& s = md.storage[item.entry];
     std::string where =
@@ -306,9 +323,7 @@ void Resolve(Checkpoint& c) {
     }
     try {
       ReadItem(c, item, &e, chunk);
-      // Its headers were read through the mapping: drop those pages from the resident set,
-      // so reading a folder of many items keeps memory flat.
-      if (f.map) f.map->Release(s.offset, s.length);
+      pages.Read(item);
     } catch (const Error& err) {
       AddProblem(c, where, fmt::format("item at {} of {}: {}", s.offset, s.path, err.what()));
     }

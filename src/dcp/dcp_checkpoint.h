@@ -149,6 +149,24 @@ struct Checkpoint {
   uint64_t in_memory_budget = 64 << 20;  // decompressed items held in memory, at most
 };
 
+// Drops the pages of items' archives, read through their files' mappings, from the resident
+// set, so reading every item of a folder keeps memory flat. MappedFile::Release takes only
+// the whole pages inside an item; the ones it shares with its neighbours (small items lie
+// several to a page, and most items' first and last pages are shared) go with the rest of
+// their file's every kItemsPerSweep items read from it (a page read again later is mapped
+// again from the page cache).
+class ItemPages {
+ public:
+  explicit ItemPages(const Checkpoint& c) : c_(c), reads_(c.files.size(), 0) {}
+  // After `item`'s archive was read.
+  void Read(const Item& item);
+
+ private:
+  static constexpr uint64_t kItemsPerSweep = 1024;
+  const Checkpoint& c_;
+  std::vector<uint64_t> reads_;  // per file
+};
+
 // A folder holding .metadata (or __<rank>.metadata) and .distcp files?
 bool LooksLikeDcpCheckpoint(const std::string& path);
 // A file that only makes sense as part of such a folder (*.distcp, .metadata)?

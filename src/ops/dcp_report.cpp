@@ -208,10 +208,12 @@ DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads) {
     bool stored;
   };
   std::vector<Record> records;
+  dcp::ItemPages pages(c);
   for (size_t i = 0; i < c.items.size(); ++i) {
     const dcp::Item& item = c.items[i];
     if (!item.readable) continue;
     zip::Archive a = zip::Archive::Parse(item.archive);
+    pages.Read(item);
     uint32_t index = 0;
     for (const zip::Entry& e : a.entries()) {
       records.push_back({e.data_offset, e.size, static_cast<uint32_t>(i), index++, e.crc32,

@@ -23,6 +23,9 @@ ExportResult ExportDcp(const std::string& folder, const std::string& to, const E
   for (const torch::UnsafeFinding& u : c.meta.scan.findings)
     Fail("{}: {}: the pickle {}; refusing to read it further", folder, c.metadata_files[0], u.what);
   LogicalModel all = dcp::DcpLogicalModel(c);
+  // The metadata's pickle graph is done with (strip alone rewrites it): free it before the
+  // writer builds its own (at 10^5 tensors it is the largest part of the peak).
+  c.meta.graph = pickle::Graph();
   auto below = [](const std::string& name, const std::string& prefix) {
     return IsBelowKeyPath(name, prefix);
   };

@@ -131,17 +131,26 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
       new_size[f] += md.storage[c.items[i].entry].length;
     }
   }
-  // The new metadata files: each parsed again and rewritten alone (writers without
-  // collectives leave one per rank), the kept items at their new offsets.
+  // The new metadata files, the kept items at their new offsets: one .metadata is rewritten
+  // in the graph it was read into; per-rank ones (writers without collectives), merged into one
+  // view when read, are each parsed again and rewritten alone, one graph at a time.
   std::map<std::pair<std::string, uint64_t>, uint64_t> moved;  // (path, old offset) -> new
   for (size_t i = 0; i < c.items.size(); ++i) {
     const dcp::StorageEntry& s = md.storage[c.items[i].entry];
     if (!dropped_fqns.count(s.fqn)) moved[{s.path, s.offset}] = new_offset[i];
   }
+  const bool merged = c.metadata_files.size() != 1;
+  if (merged) c.meta.graph = Graph();
   std::vector<std::string> metadata;
   for (const std::string& name : c.metadata_files) {
-    MappedFile in = MappedFile::Open((fs::path(folder) / name).string());
-    dcp::Metadata one = dcp::ParseMetadata(in.bytes());
+    dcp::Metadata parsed;
+    uint64_t size = c.metadata_bytes;
+    if (merged) {
+      MappedFile in = MappedFile::Open((fs::path(folder) / name).string());
+      parsed = dcp::ParseMetadata(in.bytes());
+      size = in.size();
+    }
+    dcp::Metadata& one = merged ? parsed : c.meta;
     Graph& g = one.graph;
     std::unordered_set<NodeId> infos;
     for (const dcp::StorageEntry& s : one.storage) {
@@ -164,6 +173,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     });
     pickle::WriteOptions wo;
     wo.protocol = std::max(2, g.protocol);
+    wo.reserve = size;  // what was read: the rewritten stream is about that size
     metadata.push_back(pickle::Write(g, g.root, wo));
   }
   r.after = 0;
@@ -242,6 +252,16 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
   }
   fs::permissions(tmp.path, fs::status(folder).permissions(), ec);
   SyncFolder(tmp.path);
+  // Of what was read, the read-back needs the storage table alone: the metadata graph, the
+  // tensors, the items and the new metadata's bytes go before the new folder is read (at 10^5
+  // tensors they would double the peak).
+  std::vector<size_t> entry_of(c.items.size());
+  for (size_t i = 0; i < c.items.size(); ++i) entry_of[i] = c.items[i].entry;
+  c.meta.graph = Graph();
+  std::vector<dcp::Tensor>().swap(c.tensors);
+  std::vector<dcp::Object>().swap(c.objects);
+  std::vector<dcp::Item>().swap(c.items);
+  std::vector<std::string>().swap(metadata);
   // Read back: the kept tensors and objects, whole, and every kept item's bytes.
   WithContext(fmt::format("{}: verifying the new folder failed, nothing was replaced", folder),
               [&] {
@@ -263,7 +283,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
                   if (!bf.map) Fail("{} is missing", bf.name);
                   std::vector<FileRange> ranges;
                   for (size_t i : kept_items[f]) {
-                    const dcp::StorageEntry& s = md.storage[c.items[i].entry];
+                    const dcp::StorageEntry& s = md.storage[entry_of[i]];
                     if (new_offset[i] + s.length > bf.bytes.size()) Fail("{} is short", bf.name);
                     ranges.push_back({new_offset[i], s.length});
                   }
@@ -273,7 +293,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
                     size_t i = kept_items[f][k];
                     if (back_crcs[k] != crcs[i].first)
                       Fail("the item of '{}' at {} of {} does not hold the bytes copied",
-                           md.storage[c.items[i].entry].fqn, new_offset[i], bf.name);
+                           md.storage[entry_of[i]].fqn, new_offset[i], bf.name);
                   }
                 }
               });

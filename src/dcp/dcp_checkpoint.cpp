@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
+#include "io/parallel.h"
 #include "io/range_stream.h"
 #include "torch/torch_file.h"
 
@@ -288,6 +289,27 @@ void BuildGrid(Checkpoint& c, Tensor& t) {
   t.complete = true;
 }
 
+// Do the tensor's elements, and its bytes, fit in 64 bits?
+bool ShapeFits(const EntryMeta& e) {
+  try {
+    uint64_t numel = 1;
+    for (int64_t d : e.shape) numel = CheckedMul(numel, static_cast<uint64_t>(d));
+    CheckedMul(numel, torch::ElementSize(e.dtype));
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// What the walk over the entries reads for `e`: its object's item (nullptr), or its chunks'.
+std::vector<const ChunkMeta*> ChunksOf(const EntryMeta& e) {
+  if (e.bytes) return {nullptr};
+  std::vector<const ChunkMeta*> v;
+  v.reserve(e.chunks.size());
+  for (const ChunkMeta& cm : e.chunks) v.push_back(&cm);
+  return v;
+}
+
 void Resolve(Checkpoint& c) {
   const Metadata& md = c.meta;
   std::unordered_map<std::string, size_t> file_index;
@@ -306,27 +328,83 @@ void Resolve(Checkpoint& c) {
   }
   std::vector<bool> used(md.storage.size(), false);
   ItemPages pages(c);
+  auto inside = [&](const Item& item) {
+    const StorageEntry& s = md.storage[item.entry];
+    const Bytes file = c.files[static_cast<size_t>(item.file)].bytes;
+    return s.offset <= file.size() && s.length <= file.size() - s.offset;
+  };
+  // The items are read on every thread first (each a torch.save archive parsed on its own), in
+  // the order the walk below asks for them; the walk then takes each outcome, so problems are
+  // reported in the same order as when read one by one. An item asked for again (two chunks
+  // of one key) or whose bytes are transformed (decompression draws on one shared budget) is
+  // read by the walk itself.
+  struct EarlyRead {
+    const EntryMeta* e = nullptr;
+    const ChunkMeta* chunk = nullptr;
+    bool taken = false;
+    std::optional<std::string> error;
+  };
+  std::vector<EarlyRead> early(c.items.size());
+  {
+    std::vector<size_t> order;
+    auto ask = [&](size_t i, const EntryMeta& e, const ChunkMeta* chunk) {
+      const Item& item = c.items[i];
+      if (early[i].e != nullptr || item.file < 0 || !md.storage[i].transforms.empty() ||
+          !inside(item))
+        return;
+      early[i].e = &e;
+      early[i].chunk = chunk;
+      order.push_back(i);
+    };
+    for (const EntryMeta& e : md.entries) {
+      if (!e.bytes && !ShapeFits(e)) continue;
+      for (const ChunkMeta* cm : ChunksOf(e)) {
+        auto it = by_key.find(KeyOf(e.fqn, cm ? cm->offsets : std::vector<int64_t>{}));
+        if (it != by_key.end()) ask(it->second, e, cm);
+      }
+    }
+    ParallelFor(order.size(), DefaultThreads(), [&](size_t k) {
+      EarlyRead& r = early[order[k]];
+      Item& item = c.items[order[k]];
+      try {
+        ReadItem(c, item, r.e, r.chunk);
+        pages.Read(item);
+      } catch (const Error& err) {
+        r.error = err.what();
+      }
+    });
+  }
   auto read = [&](Item& item, const EntryMeta& e, const ChunkMeta* chunk) {
     const StorageEntry& s = md.storage[item.entry];
-    std::string where =
-        chunk ? fmt::format("{} chunk {}", e.fqn, OffsetsText(chunk->offsets)) : e.fqn;
+    auto where = [&] {
+      return chunk ? fmt::format("{} chunk {}", e.fqn, OffsetsText(chunk->offsets)) : e.fqn;
+    };
     if (item.file < 0) return;  // the missing file is reported once, with what it holds
     DataFile& f = c.files[static_cast<size_t>(item.file)];
     f.items++;
     f.item_bytes += s.length;
-    if (s.offset > f.bytes.size() || s.length > f.bytes.size() - s.offset) {
-      AddProblem(c, where,
+    if (!inside(item)) {
+      AddProblem(c, where(),
                  fmt::format("its item [{}, {}) of {} lies beyond the end of the file ({} bytes): "
                              "the file is truncated",
                              s.offset, s.offset + s.length, s.path, f.bytes.size()));
       return;
     }
-    try {
-      ReadItem(c, item, &e, chunk);
-      pages.Read(item);
-    } catch (const Error& err) {
-      AddProblem(c, where, fmt::format("item at {} of {}: {}", s.offset, s.path, err.what()));
+    std::optional<std::string> error;
+    EarlyRead& r = early[item.entry];
+    if (r.e == &e && r.chunk == chunk && !r.taken) {
+      r.taken = true;
+      error = std::move(r.error);
+    } else {
+      try {
+        ReadItem(c, item, &e, chunk);
+        pages.Read(item);
+      } catch (const Error& err) {
+        error = err.what();
+      }
     }
+    if (error)
+      AddProblem(c, where(), fmt::format("item at {} of {}: {}", s.offset, s.path, *error));
   };
   for (const EntryMeta& e : md.entries) {
     if (e.bytes) {
@@ -346,16 +424,13 @@ void Resolve(Checkpoint& c) {
     t.fqn = e.fqn;
     t.dtype = e.dtype;
     t.shape = e.shape;
-    t.numel = 1;
-    try {
-      for (int64_t d : e.shape) t.numel = CheckedMul(t.numel, static_cast<uint64_t>(d));
-      CheckedMul(t.numel, torch::ElementSize(t.dtype));
-    } catch (const Error&) {
+    if (!ShapeFits(e)) {
       AddProblem(c, e.fqn, fmt::format("its shape {} is too large", OffsetsText(e.shape)));
-      t.numel = 0;
       c.tensors.push_back(std::move(t));
       continue;
     }
+    t.numel = 1;
+    for (int64_t d : e.shape) t.numel *= static_cast<uint64_t>(d);
     bool readable = true;
     for (const ChunkMeta& cm : e.chunks) {
       Chunk ch{cm, -1};
@@ -705,7 +780,8 @@ void ReadMetadataInto(const std::string& folder, Checkpoint& c) {
     Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
     if (i == 0) {
       c.meta = std::move(md);
-      merger.emplace(c.meta);
+      // Indexes every entry and chunk: only worth it when there is something to merge.
+      if (c.metadata_files.size() > 1) merger.emplace(c.meta);
     } else {
       merger->Add(std::move(md), name);
     }

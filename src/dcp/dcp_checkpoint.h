@@ -26,6 +26,7 @@
 // folder and verify can list every problem; export and strip refuse a folder with any.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -157,14 +158,15 @@ struct Checkpoint {
 // again from the page cache).
 class ItemPages {
  public:
-  explicit ItemPages(const Checkpoint& c) : c_(c), reads_(c.files.size(), 0) {}
-  // After `item`'s archive was read.
+  explicit ItemPages(const Checkpoint& c)
+      : c_(c), reads_(std::make_unique<std::atomic<uint64_t>[]>(c.files.size())) {}
+  // After `item`'s archive was read (on any thread).
   void Read(const Item& item);
 
  private:
   static constexpr uint64_t kItemsPerSweep = 1024;
   const Checkpoint& c_;
-  std::vector<uint64_t> reads_;  // per file
+  std::unique_ptr<std::atomic<uint64_t>[]> reads_;  // per file
 };
 
 // A folder holding .metadata (or __<rank>.metadata) and .distcp files?

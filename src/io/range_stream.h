@@ -50,4 +50,29 @@ std::optional<FileRange> CoveringRange(const std::vector<FileRange>& reads);
 std::vector<uint32_t> Crc32OfRanges(const MappedFile& f, const std::vector<FileRange>& ranges,
                                     unsigned threads);
 
+// The ranges of a written file that its verification reads again, each with the CRC32 it must
+// hash to and an id the caller's message names it by.
+class CrcChecks {
+ public:
+  void Add(uint64_t offset, uint64_t size, uint32_t crc, size_t id) {
+    ranges_.push_back({offset, size});
+    crcs_.push_back(crc);
+    ids_.push_back(id);
+  }
+  // Hashes every range of `f` (Crc32OfRanges on `threads` threads) and calls mismatch(id),
+  // which throws, for the first one whose CRC differs.
+  template <typename Mismatch>
+  void Run(const MappedFile& f, unsigned threads, Mismatch&& mismatch) const {
+    std::vector<uint32_t> got = Crc32OfRanges(f, ranges_, threads);
+    for (size_t k = 0; k < got.size(); ++k) {
+      if (got[k] != crcs_[k]) mismatch(ids_[k]);
+    }
+  }
+
+ private:
+  std::vector<FileRange> ranges_;
+  std::vector<uint32_t> crcs_;
+  std::vector<size_t> ids_;
+};
+
 }  // namespace ckpt

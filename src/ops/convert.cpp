@@ -192,8 +192,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
     PerfTimer verify("verify");
     safetensors::File back = safetensors::Parse(written.bytes());
     if (back.tensors.size() != plan.size()) Fail("tensor count differs");
-    std::vector<FileRange> ranges;
-    std::vector<size_t> reread;
+    CrcChecks reread;
     for (size_t i = 0; i < plan.size(); ++i) {
       const safetensors::TensorEntry& e = back.tensors[i];
       if (e.name != plan[i].out.name || e.dtype != plan[i].out.dtype ||
@@ -203,15 +202,11 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
       }
       if (back.data_offset + e.begin != layout.offsets[i] || e.end - e.begin != plan[i].out.size)
         Fail("tensor '{}' is not where it was written", e.name);
-      if (checked.checked(i)) continue;
-      ranges.push_back({back.data_offset + e.begin, e.end - e.begin});
-      reread.push_back(i);
+      if (!checked.checked(i)) reread.Add(back.data_offset + e.begin, e.end - e.begin, crcs[i], i);
     }
-    std::vector<uint32_t> back_crcs = Crc32OfRanges(written, ranges, o.threads);
-    for (size_t k = 0; k < reread.size(); ++k) {
-      if (back_crcs[k] != crcs[reread[k]])
-        Fail("tensor '{}' does not hold the bytes written", plan[reread[k]].out.name);
-    }
+    reread.Run(written, o.threads, [&](size_t i) {
+      Fail("tensor '{}' does not hold the bytes written", plan[i].out.name);
+    });
   });
   out.Commit();
   r.after = layout.total_size;

@@ -281,20 +281,17 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
                   if (it == file_of.end()) Fail("{} is missing", c.files[f].name);
                   const dcp::DataFile& bf = back.files[it->second];
                   if (!bf.map) Fail("{} is missing", bf.name);
-                  std::vector<FileRange> ranges;
+                  CrcChecks reread;
                   for (size_t i : kept_items[f]) {
                     const dcp::StorageEntry& s = md.storage[entry_of[i]];
                     if (new_offset[i] + s.length > bf.bytes.size()) Fail("{} is short", bf.name);
-                    ranges.push_back({new_offset[i], s.length});
+                    reread.Add(new_offset[i], s.length, crcs[i].first, i);
                   }
                   // Read in pieces on every thread (the items were copied by the kernel).
-                  std::vector<uint32_t> back_crcs = Crc32OfRanges(*bf.map, ranges, o.threads);
-                  for (size_t k = 0; k < ranges.size(); ++k) {
-                    size_t i = kept_items[f][k];
-                    if (back_crcs[k] != crcs[i].first)
-                      Fail("the item of '{}' at {} of {} does not hold the bytes copied",
-                           md.storage[entry_of[i]].fqn, new_offset[i], bf.name);
-                  }
+                  reread.Run(*bf.map, o.threads, [&](size_t i) {
+                    Fail("the item of '{}' at {} of {} does not hold the bytes copied",
+                         md.storage[entry_of[i]].fqn, new_offset[i], bf.name);
+                  });
                 }
               });
   // Replace.

@@ -125,9 +125,7 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
   // the reader refuses records that share bytes. So its place and CRC are checked, not its
   // bytes again.
   const auto& entries = o.archive->entries();
-  std::vector<FileRange> ranges;
-  std::vector<size_t> reread;
-  ranges.reserve(entries.size());
+  CrcChecks reread;
   size_t found = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const zip::Entry& e = entries[i];
@@ -141,23 +139,18 @@ void TorchRewrite::Verify(const MappedFile& out, unsigned threads) const {
       ++found;
       continue;
     }
-    ranges.push_back({e.data_offset, e.size});
-    reread.push_back(i);
+    reread.Add(e.data_offset, e.size, e.crc32, i);
   }
   if (found != checked_.size()) {
     Fail("{} records were written and read back, {} of them are in the new file's directory",
          checked_.size(), found);
   }
-  std::vector<uint32_t> crcs = Crc32OfRanges(out, ranges, threads);
-  for (size_t k = 0; k < reread.size(); ++k) {
-    size_t i = reread[k];
-    if (crcs[k] != entries[i].crc32) {
-      Fail(
-          "record '{}' does not match the input's checksum (is the input corrupt? run "
-          "ckptool verify on it)",
-          entries[i].name);
-    }
-  }
+  reread.Run(out, threads, [&](size_t i) {
+    Fail(
+        "record '{}' does not match the input's checksum (is the input corrupt? run ckptool "
+        "verify on it)",
+        entries[i].name);
+  });
 }
 
 }  // namespace ckpt

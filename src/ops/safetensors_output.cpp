@@ -129,22 +129,18 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
                              [&](size_t i) -> std::string_view { return tensors[i].name; });
     // A tensor read back as it was written needs only to be where it was written (the
     // tiling check above keeps every other write out of its span); the others are read again.
-    std::vector<FileRange> back_ranges;
-    std::vector<size_t> reread;
+    CrcChecks reread;
     for (const safetensors::Span& t : spans) {
       if (checked.checked(t.id)) {
         if (back.data_offset + t.begin != layout.offsets[t.id])
           Fail("tensor '{}' is not where it was written", tensors[t.id].name);
         continue;
       }
-      back_ranges.push_back({back.data_offset + t.begin, t.end - t.begin});
-      reread.push_back(t.id);
+      reread.Add(back.data_offset + t.begin, t.end - t.begin, crcs[t.id], t.id);
     }
-    std::vector<uint32_t> back_crcs = Crc32OfRanges(written, back_ranges, o.threads);
-    for (size_t k = 0; k < back_crcs.size(); ++k) {
-      if (back_crcs[k] != crcs[reread[k]])
-        Fail("tensor '{}' does not hold the bytes written", tensors[reread[k]].name);
-    }
+    reread.Run(written, o.threads, [&](size_t i) {
+      Fail("tensor '{}' does not hold the bytes written", tensors[i].name);
+    });
   });
   return out;
 }

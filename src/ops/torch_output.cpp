@@ -182,8 +182,7 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
     const auto& entries = back.archive->entries();
     if (entries.size() != specs.size())
       Fail("{} records read back, {} written", entries.size(), specs.size());
-    std::vector<FileRange> entry_ranges;
-    std::vector<size_t> reread;
+    CrcChecks reread;
     for (size_t i = 0; i < entries.size(); ++i) {
       const zip::Entry& e = entries[i];
       if (e.name != specs[i].name || e.crc32 != crcs[i] || e.size != specs[i].size ||
@@ -192,14 +191,11 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
       if (i >= first_tensor && i - first_tensor < tensors.size() &&
           checked.checked(i - first_tensor))
         continue;
-      entry_ranges.push_back({e.data_offset, e.size});
-      reread.push_back(i);
+      reread.Add(e.data_offset, e.size, crcs[i], i);
     }
-    std::vector<uint32_t> back_crcs = Crc32OfRanges(written, entry_ranges, o.threads);
-    for (size_t k = 0; k < reread.size(); ++k) {
-      if (back_crcs[k] != crcs[reread[k]])
-        Fail("record '{}' does not hold the bytes written", entries[reread[k]].name);
-    }
+    reread.Run(written, o.threads, [&](size_t i) {
+      Fail("record '{}' does not hold the bytes written", entries[i].name);
+    });
   });
   out.Commit();
   return bytes;

@@ -3,6 +3,7 @@
 // reader is an error rather than a crash.
 #include "io/mapped_file.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -46,7 +47,7 @@ TEST(MappedFileWindowTest, EveryWindowShowsTheFileBytesWhateverItsSize) {
   EXPECT_EQ(Text(all.bytes()), data);
 }
 
-TEST(RangeStreamTest, StreamsAndCrcsOfRangesEqualTheFileBytes) {
+TEST(RangeStreamTest, StreamsAndCrcsOfRangesEqualTheFileBytesAndChecksNameTheFirstMismatch) {
   test::TempDir dir;
   std::string data = Pattern(3u << 20);
   MappedFile m = MappedFile::Open(dir.Put("f.bin", data));
@@ -83,6 +84,29 @@ TEST(RangeStreamTest, StreamsAndCrcsOfRangesEqualTheFileBytes) {
   }
   // A range past the end is an error, not a read of other memory.
   EXPECT_THROW(Crc32OfRanges(m, {{data.size() - 5, 10}}, 1), Error);
+  // CrcChecks: the id of the first range (in the order added) whose CRC differs, none when
+  // every one holds.
+  for (size_t wrong : {size_t{1000}, size_t{2999}, ranges.size()}) {
+    CrcChecks checks;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      uint32_t crc = Crc32(0, test::B(data.substr(ranges[i].offset, ranges[i].size)));
+      checks.Add(ranges[i].offset, ranges[i].size, i >= wrong ? crc ^ 1 : crc, 7 * i);
+    }
+    std::vector<size_t> mismatched;
+    std::string error = test::ErrorOf([&] {
+      checks.Run(m, 3, [&](size_t id) {
+        mismatched.push_back(id);
+        Fail("range {} differs", id);
+      });
+    });
+    if (wrong == ranges.size()) {
+      EXPECT_EQ(error, "");
+      EXPECT_TRUE(mismatched.empty());
+    } else {
+      EXPECT_EQ(error, fmt::format("range {} differs", 7 * wrong));
+      EXPECT_EQ(mismatched, std::vector<size_t>{7 * wrong});
+    }
+  }
 }
 
 TEST(MappedFileWindowTest, WindowsAliveTogetherHaveTheirOwnBytesAndBuffersAreReused) {

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 import dcp_fixtures as dcp
-from ckpt_testlib import CkptTestCase, read_bytes, read_safetensors, run
+from ckpt_testlib import CKPTOOL, CkptTestCase, read_bytes, read_safetensors, run
 
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}
 HEALTHY = dcp.standard_cases()
@@ -583,6 +583,27 @@ class DcpCliTest(CkptTestCase):
         fx, d = copy_case(self, "megatron", self.path("mg_missing"))
         gone = dcp.delete_distcp(d, "__1_1.distcp")
         self.assert_verify_names(d, "__1_1.distcp", *[f for f in gone if f in fx.tensors])
+
+    def test_items_read_on_every_thread_are_reported_as_read_one_by_one(self):
+        # The reader parses items on every thread, then reports them in metadata order: the
+        # same problems in the same order as on one CPU.
+        fx, d = copy_case(self, "fsdp_tp_bf16", self.path("many_bad"))
+        names = sorted(fx.tensors)[:8]
+        self.assertEqual(len(names), 8)
+        for k, fqn in enumerate(names):
+            dcp.flip_byte_in_item(d, fqn, record="data.pkl" if k % 2 else None)
+        one_cpu = lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        got = {}
+        for args in (("verify", d), ("inspect", "--json", d)):
+            every = run(*args, expect=None)
+            one = subprocess.run([CKPTOOL, *args], capture_output=True, text=True, timeout=300,
+                                 preexec_fn=one_cpu)
+            self.assertEqual(output(every), output(one), args)
+            self.assertEqual(every.returncode, one.returncode, args)
+            got[args[0]] = every
+        self.assertNotEqual(got["verify"].returncode, 0)
+        for fqn in names:
+            self.assertIn(fqn, output(got["verify"]))
 
     def test_verify_names_chunk_problems(self):
         fx, d = copy_case(self, "fsdp_tp_bf16", self.path("hole"))

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "io/text_file.h"
 #include "ops/tensor_bytes.h"
+#include "torch/global_policy.h"
 
 namespace ckpt::deepspeed {
 
@@ -121,11 +122,7 @@ struct RankFile {
   NodeId root() const { return graph().root; }
 
   // The data of the tensor at `node`: where its elements start, how many, which dtype.
-  struct Data {
-    uint64_t offset;
-    uint64_t numel;
-    torch::DType dtype;
-  };
+  using Data = Fragment;
   Data TensorData(NodeId node, const std::string& what) const {
     auto it = tensor_of.find(node);
     if (it == tensor_of.end()) Fail("{}: {} is not a tensor", file->path, what);
@@ -150,6 +147,25 @@ RankFile Index(const CheckpointFile& f, size_t index) {
   r.index = index;
   for (size_t i = 0; i < m.tensors.size(); ++i) r.tensor_of.emplace(m.tensors[i].node, i);
   return r;
+}
+
+// A model states file's frozen_param_fragments (none when it has none).
+FrozenFragments FrozenFragmentsOf(const RankFile& rf) {
+  FrozenFragments out;
+  const Graph& g = rf.graph();
+  NodeId fragments = Lookup(g, rf.root(), "frozen_param_fragments");
+  if (IsNone(g, fragments)) return out;
+  for (const auto& [name, node] :
+       Entries(g, fragments, rf.file->path + ": frozen_param_fragments")) {
+    if (out.count(name)) continue;  // the first of a repeated key, as a lookup finds it
+    FrozenFragment& f = out[name];
+    try {
+      f.where = rf.TensorData(node, "frozen_param_fragments." + name);
+    } catch (const Error& e) {
+      f.error = e.what();
+    }
+  }
+  return out;
 }
 
 // A flat run of elements spread over consecutive pieces (a group's ranks, a rank's
@@ -246,9 +262,17 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   }
   if (model_names.empty()) Fail("{}: no *_model_states.pt files", z.folder);
   if (optim_names.empty()) Fail("{}: no *_optim_states.pt files", z.folder);
-  for (const std::string& n : model_names) {
-    z.files.push_back(
-        std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / n).string())));
+  z.fragments.resize(model_names.size());
+  for (size_t i = 0; i < model_names.size(); ++i) {
+    auto f = std::make_unique<CheckpointFile>(
+        OpenCheckpoint((fs::path(z.folder) / model_names[i]).string()));
+    if (i > 0) {
+      z.fragments[i] = FrozenFragmentsOf(Index(*f, i));
+      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
+        z.dropped_findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
+      f->torch.reset();
+    }
+    z.files.push_back(std::move(f));
   }
   z.model_files = z.files.size();
   for (const std::string& n : optim_names) {
@@ -265,7 +289,13 @@ void Consolidate(ZeroCheckpoint& z) {
     Fail("{}: needs model states files and optimizer files", z.folder);
   }
   std::vector<RankFile> ranks;
-  for (size_t i = 0; i < z.files.size(); ++i) ranks.push_back(Index(*z.files[i], i));
+  for (size_t i = 0; i < z.files.size(); ++i) {
+    if (i > 0 && i < z.model_files && !z.files[i]->torch) {  // read at open (z.fragments)
+      ranks.push_back({z.files[i].get(), i, {}});
+      continue;
+    }
+    ranks.push_back(Index(*z.files[i], i));
+  }
 
   // Optimizer files: stage, world size, each rank's fp32 partitions.
   const RankFile& first_optim = ranks[z.model_files];
@@ -358,7 +388,19 @@ void Consolidate(ZeroCheckpoint& z) {
   }
 
   NodeId frozen_shapes = Lookup(g0, m0.root(), "frozen_param_shapes");
+  // Each model file's fragments by name: read now from a parsed file, at open from the rest.
+  std::vector<FrozenFragments> parsed_fragments(z.model_files);
+  std::vector<const FrozenFragments*> fragments_of(z.model_files);
   if (!IsNone(g0, frozen_shapes)) {
+    for (size_t r = 0; r < z.model_files; ++r) {
+      if (z.files[r]->torch) {
+        parsed_fragments[r] = FrozenFragmentsOf(ranks[r]);
+        fragments_of[r] = &parsed_fragments[r];
+      } else {
+        if (r >= z.fragments.size()) Fail("internal: {} was not read", z.files[r]->path);
+        fragments_of[r] = &z.fragments[r];
+      }
+    }
     for (const auto& [name, shape_node] :
          Entries(g0, frozen_shapes, p0 + ": frozen_param_shapes")) {
       ZeroTensor zt;
@@ -370,15 +412,15 @@ void Consolidate(ZeroCheckpoint& z) {
       size_t last = z.stage <= 2 ? 1 : z.model_files;
       FlatRun run;
       for (size_t r = 0; r < last; ++r) {
-        const RankFile& rf = ranks[r];
-        NodeId fragments = Lookup(rf.graph(), rf.root(), "frozen_param_fragments");
-        NodeId frag = Lookup(rf.graph(), fragments, name);
-        if (frag == kNil) Fail("{}: no frozen_param_fragments.{}", rf.file->path, name);
-        RankFile::Data d = rf.TensorData(frag, "frozen_param_fragments." + name);
+        const std::string& path = z.files[r]->path;
+        auto frag = fragments_of[r]->find(name);
+        if (frag == fragments_of[r]->end()) Fail("{}: no frozen_param_fragments.{}", path, name);
+        if (!frag->second.error.empty()) Fail("{}", frag->second.error);
+        const Fragment& d = frag->second.where;
         if (r == 0) zt.stored = zt.dtype = d.dtype;
         if (d.dtype != zt.stored)
-          Fail("{}: frozen_param_fragments.{} changes dtype between ranks", rf.file->path, name);
-        run.Add({rf.index, d.offset, d.numel});
+          Fail("{}: frozen_param_fragments.{} changes dtype between ranks", path, name);
+        run.Add({r, d.offset, d.numel});
       }
       if (run.total < zt.numel) {
         Fail("{}: frozen parameter '{}' needs {} elements but its fragments hold {}", z.folder,

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,19 @@ struct ZeroTensor {
   std::vector<Piece> pieces;  // in order; their counts add up to numel
 };
 
+// Where a frozen parameter's fragment lies in a stage-3 model states file.
+struct Fragment {
+  uint64_t offset = 0;
+  uint64_t numel = 0;
+  torch::DType dtype = torch::DType::kFloat32;
+};
+// A model states file's frozen_param_fragments, by name: each fragment, or why it is not one.
+struct FrozenFragment {
+  Fragment where;
+  std::string error;  // non-empty: not a contiguous tensor (the message)
+};
+using FrozenFragments = std::unordered_map<std::string, FrozenFragment>;
+
 struct ZeroCheckpoint {
   std::string folder;  // <root>/<tag>
   std::string tag;
@@ -67,6 +81,12 @@ struct ZeroCheckpoint {
   std::vector<ZeroTensor> tensors;
   std::vector<std::pair<std::string, std::string>> aliases;  // alias -> owner, as shared_params
   uint64_t optimizer_bytes = 0;  // what the optimizer files take on disk
+  // Model states files after the first (stage 3: one per rank) are read one at a time and
+  // their parsed pickles dropped once what consolidation takes from them is out: each holds
+  // every parameter's name and shape, so 10^5 parameters on 64 ranks would otherwise be held
+  // at once. Per file index: its frozen parameters' fragments; and its pickles' findings.
+  std::vector<FrozenFragments> fragments;
+  std::vector<std::string> dropped_findings;  // "<path>: the pickle <what>"
 };
 
 // A DeepSpeed root (holding `latest`) or a tag folder (holding *_optim_states.pt)?

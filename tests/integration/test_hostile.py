@@ -123,6 +123,28 @@ class HostilePickleTest(CkptTestCase):
                 self.assertTrue(os.path.exists(marker), f"{name}: the payload did not run under torch.load")
                 os.remove(marker)
 
+    def test_a_payload_in_a_later_zero_rank_file_is_flagged_by_export(self):
+        # ZeRO-3 model states files after the first are read one at a time and their parsed
+        # pickles dropped: what they hide is still found and named.
+        import zero_fixtures as zf
+        root = self.path("zero")
+        zf.make_zero_checkpoint(root, 3, 3, device="cpu")
+        victim = os.path.join(root, "global_step14", "zero_pp_rank_1_mp_rank_00_model_states.pt")
+        marker = self.path("ran")
+        with zipfile.ZipFile(victim) as z:
+            records = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+        pkl_name, pkl = records[0]
+        self.assertTrue(pkl_name.endswith("/data.pkl") and pkl.endswith(b"u."), pkl_name)
+        protocol, value = payloads(marker)["GLOBAL posix.system"]
+        with zipfile.ZipFile(victim, "w", zipfile.ZIP_STORED) as z:
+            for name, data in [(pkl_name, pkl[:-2] + X("payload") + value + b"u.")] + records[1:]:
+                z.writestr(name, data)
+        r = run("export", root, "--to", self.path("hf") + "/")
+        warned = [l for l in r.stderr.splitlines() if "never run; left behind by export" in l]
+        self.assertTrue(any(os.path.basename(victim) in l and "posix.system" in l for l in warned),
+                        r.stderr)
+        self.assertFalse(os.path.exists(marker), "ckptool ran pickle code")
+
     def test_legacy_format_payload(self):
         marker = self.path("pwned")
 

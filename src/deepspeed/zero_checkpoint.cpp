@@ -262,22 +262,26 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   }
   if (model_names.empty()) Fail("{}: no *_model_states.pt files", z.folder);
   if (optim_names.empty()) Fail("{}: no *_optim_states.pt files", z.folder);
+  auto open = [&](const std::string& name) {
+    auto f = std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / name).string()));
+    if (f->torch) {
+      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
+        z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
+    }
+    return f;
+  };
   z.fragments.resize(model_names.size());
   for (size_t i = 0; i < model_names.size(); ++i) {
-    auto f = std::make_unique<CheckpointFile>(
-        OpenCheckpoint((fs::path(z.folder) / model_names[i]).string()));
+    auto f = open(model_names[i]);
     if (i > 0) {
       z.fragments[i] = FrozenFragmentsOf(Index(*f, i));
-      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
-        z.dropped_findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
       f->torch.reset();
     }
     z.files.push_back(std::move(f));
   }
   z.model_files = z.files.size();
   for (const std::string& n : optim_names) {
-    z.files.push_back(
-        std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / n).string())));
+    z.files.push_back(open(n));
     z.optimizer_bytes += z.files.back()->map.size();
   }
   Consolidate(z);

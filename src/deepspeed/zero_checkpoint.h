@@ -84,9 +84,10 @@ struct ZeroCheckpoint {
   // Model states files after the first (stage 3: one per rank) are read one at a time and
   // their parsed pickles dropped once what consolidation takes from them is out: each holds
   // every parameter's name and shape, so 10^5 parameters on 64 ranks would otherwise be held
-  // at once. Per file index: its frozen parameters' fragments; and its pickles' findings.
+  // at once. Per file index: its frozen parameters' fragments.
   std::vector<FrozenFragments> fragments;
-  std::vector<std::string> dropped_findings;  // "<path>: the pickle <what>"
+  // Every file's unsafe pickle globals, found as it is opened: "<path>: the pickle <what>".
+  std::vector<std::string> findings;
 };
 
 // A DeepSpeed root (holding `latest`) or a tag folder (holding *_optim_states.pt)?

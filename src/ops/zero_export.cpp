@@ -21,15 +21,8 @@ LogicalModel ZeroLogicalModel(const deepspeed::ZeroCheckpoint& z, bool exclude_f
   LogicalModel m;
   m.description = fmt::format("DeepSpeed ZeRO stage {} checkpoint '{}', {} ranks", z.stage, z.tag,
                               z.world_size);
-  for (const auto& f : z.files) {
-    m.inputs.push_back(&f->map);
-    if (!f->torch) continue;  // read at open: its findings are in dropped_findings
-    for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph)) {
-      m.warnings.push_back(
-          fmt::format("{}: the pickle {} (never run; left behind by export)", f->path, u.what));
-    }
-  }
-  for (const std::string& finding : z.dropped_findings)
+  for (const auto& f : z.files) m.inputs.push_back(&f->map);
+  for (const std::string& finding : z.findings)
     m.warnings.push_back(finding + " (never run; left behind by export)");
   for (const ZeroTensor& t : z.tensors) {
     if (exclude_frozen && t.kind == ZeroTensor::Kind::kFrozen) continue;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "base/error.h"
 #include "ops/checkpoint_file.h"
@@ -48,8 +49,12 @@ std::vector<TypedRange> Normalize(std::vector<TypedRange> ranges, uint64_t file_
   return out;
 }
 
-void AnalyzeTorch(const torch::TorchFile& tf, uint64_t file_size, FileLayout& out) {
-  const torch::Model& m = tf.model;
+void AnalyzeTorch(torch::TorchFile tf, uint64_t file_size, FileLayout& out) {
+  torch::Model& m = tf.model;
+  // The tensor table is all this needs: the parsed pickle and the zip directory (each as big
+  // as the table at 10^5 tensors) are freed before the tensor list grows.
+  m.graph = pickle::Graph();
+  tf.archive.reset();
   // An UntypedStorage takes the dtype its views agree on.
   std::vector<std::optional<torch::DType>> view_dtype(m.storages.size());
   std::vector<bool> mixed(m.storages.size(), false);
@@ -70,14 +75,15 @@ void AnalyzeTorch(const torch::TorchFile& tf, uint64_t file_size, FileLayout& ou
     std::optional<Transform> t = TransformOf(d);
     if (t) out.ranges.push_back({s.data_offset, s.nbytes, *t});
   }
-  for (const torch::Tensor& t : m.tensors) {
+  out.tensors.reserve(m.tensors.size());
+  for (torch::Tensor& t : m.tensors) {
     if (t.storage < 0 || static_cast<size_t>(t.storage) >= m.storages.size()) continue;
     const torch::Storage& s = m.storages[static_cast<size_t>(t.storage)];
     if (!s.present || s.compressed) continue;
     TensorInfo info;
-    info.name = t.names.empty() ? std::string() : t.names.front();
+    info.name = t.names.empty() ? std::string() : std::move(t.names.front());
     info.dtype = std::string(torch::Name(t.dtype));
-    info.shape = t.shape;
+    info.shape = std::move(t.shape);
     info.begin = s.data_offset + std::min(t.byte_begin, s.nbytes);
     info.end = s.data_offset + std::min(std::max(t.byte_end, t.byte_begin), s.nbytes);
     if (info.end > file_size) continue;
@@ -87,7 +93,7 @@ void AnalyzeTorch(const torch::TorchFile& tf, uint64_t file_size, FileLayout& ou
 
 }  // namespace
 
-FileLayout AnalyzeFile(Bytes file) {
+FileLayout AnalyzeFile(Bytes file, const DoneWith& done_with) {
   FileLayout out;
   try {
     std::optional<Format> format = DetectFormat(file);
@@ -95,11 +101,13 @@ FileLayout AnalyzeFile(Bytes file) {
     switch (*format) {
       case Format::kTorchZip:
       case Format::kTorchLegacy: {
-        torch::TorchFile tf =
-            *format == Format::kTorchZip ? torch::ReadTorchZip(file) : torch::ReadTorchLegacy(file);
+        torch::ReadOptions read;
+        read.done_with = done_with;
+        torch::TorchFile tf = *format == Format::kTorchZip ? torch::ReadTorchZip(file, read)
+                                                           : torch::ReadTorchLegacy(file, read);
         out.format =
             *format == Format::kTorchZip ? FileFormat::kTorchZip : FileFormat::kTorchLegacy;
-        AnalyzeTorch(tf, file.size(), out);
+        AnalyzeTorch(std::move(tf), file.size(), out);
         break;
       }
       case Format::kSafetensors: {
@@ -125,11 +133,23 @@ FileLayout AnalyzeFile(Bytes file) {
   return out;
 }
 
-FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items) {
+FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items,
+                        const DoneWith& done_with) {
   FileLayout out;
+  // Items are small (10^5 in a file): what the ones read so far span is handed back a MiB
+  // at a time, not item by item (a page may hold several).
+  constexpr uint64_t kReleaseStep = uint64_t{1} << 20;
+  uint64_t read_from = UINT64_MAX, read_to = 0;
   for (const ItemSpan& item : items) {
     if (item.offset > file.size() || item.length > file.size() - item.offset) continue;
     FileLayout one = AnalyzeFile(Slice(file, item.offset, item.length));
+    read_from = std::min(read_from, item.offset);
+    read_to = std::max(read_to, item.offset + item.length);
+    if (done_with && read_to - read_from >= kReleaseStep) {
+      done_with(read_from, read_to - read_from);
+      read_from = UINT64_MAX;
+      read_to = 0;
+    }
     if (one.format != FileFormat::kTorchZip && one.format != FileFormat::kTorchLegacy) continue;
     out.format = FileFormat::kDcpData;
     for (TypedRange r : one.ranges) {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "base/byte_cursor.h"
 #include "compress/format.h"
 
@@ -24,8 +26,12 @@ struct FileLayout {
   std::vector<TensorInfo> tensors;  // for naming chunks and for inspect
 };
 
+// Called with ranges of the file the analysis is done with (to drop them from the resident
+// set of a mapping): at 10^5 tensors a torch file's records all get a page touched.
+using DoneWith = std::function<void(uint64_t offset, uint64_t size)>;
+
 // Never throws for bad input: a file that does not parse is plain bytes.
-FileLayout AnalyzeFile(Bytes file);
+FileLayout AnalyzeFile(Bytes file, const DoneWith& done_with = {});
 
 // One item of a torch.distributed.checkpoint data file (*.distcp): a torch.save archive of
 // one tensor chunk at [offset, offset + length), as its folder's storage_data says; `name`
@@ -39,7 +45,8 @@ struct ItemSpan {
 // Each item analysed as a file of its own, its ranges and tensors moved to where it sits.
 // Items that do not parse (or lie outside the file) stay plain bytes; the format is kOther
 // when no item parsed.
-FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items);
+FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items,
+                        const DoneWith& done_with = {});
 
 struct ChunkSpan {
   uint64_t offset = 0;

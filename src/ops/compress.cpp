@@ -372,9 +372,10 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       in->stamp = m.stamp();
       e.size = m.size();
       auto items = dcp_items.find(e.path);
+      auto release = [&m](uint64_t offset, uint64_t size) { m.Release(offset, size); };
       ckz::FileLayout layout = items != dcp_items.end()
-                                   ? ckz::AnalyzeItems(m.bytes(), items->second)
-                                   : ckz::AnalyzeFile(m.bytes());
+                                   ? ckz::AnalyzeItems(m.bytes(), items->second, release)
+                                   : ckz::AnalyzeFile(m.bytes(), release);
       e.format = layout.format;
       e.ranges = std::move(layout.ranges);
       e.tensors = std::move(layout.tensors);

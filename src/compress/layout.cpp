@@ -133,8 +133,7 @@ FileLayout AnalyzeFile(Bytes file, const DoneWith& done_with) {
   return out;
 }
 
-FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items,
-                        const DoneWith& done_with) {
+FileLayout AnalyzeItems(Bytes file, const std::vector<ItemSpan>& items, const DoneWith& done_with) {
   FileLayout out;
   // Items are small (10^5 in a file): what the ones read so far span is handed back a MiB
   // at a time, not item by item (a page may hold several).

@@ -1,7 +1,9 @@
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -16,6 +18,8 @@
 namespace ckpt::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct InspectCliOptions {
   std::vector<std::string> paths;
@@ -52,11 +56,50 @@ int RunInspect(const InspectCliOptions& o) {
       rc = 1;
     }
   }
+  // DeepSpeed ZeRO checkpoints are read first, each also described as the one model its rank
+  // files make: every rank file is described as that reader parses it, so it is not parsed a
+  // second time below (printed in the same order as if it were).
+  std::unordered_map<std::string, FileReport> described;  // by lexically normal path
+  auto key = [](const std::string& p) { return fs::path(p).lexically_normal().string(); };
+  struct ZeroOut {
+    std::string path, text, error;
+    nlohmann::ordered_json json;
+  };
+  std::vector<ZeroOut> zeros;
+  for (const std::string& path : paths) {
+    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
+    ZeroOut& out = zeros.emplace_back(ZeroOut{path, {}, {}, {}});
+    try {
+      deepspeed::ZeroCheckpoint z =
+          deepspeed::OpenZeroCheckpoint(path, "", [&](const CheckpointFile& f) {
+            try {
+              described.insert_or_assign(key(f.path), BuildReport(f, o.json ? SIZE_MAX : o.top));
+            } catch (const Error&) {
+              // Described (with its error) when the file is read on its own below.
+            }
+          });
+      if (o.json) {
+        out.json = RenderZeroJson(z);
+      } else {
+        out.text = RenderZeroText(z, o.top);
+      }
+    } catch (const Error& e) {
+      out.error = e.what();
+    }
+  }
   for (const std::string& path : files) {
     try {
-      CheckpointFile f = OpenCheckpoint(path);
-      // Text lists the largest o.top rows; JSON every row.
-      FileReport r = BuildReport(f, o.json ? SIZE_MAX : o.top);
+      auto it = described.find(key(path));
+      FileReport r;
+      if (it != described.end()) {
+        r = std::move(it->second);
+        r.path = path;
+        described.erase(it);
+      } else {
+        CheckpointFile f = OpenCheckpoint(path);
+        // Text lists the largest o.top rows; JSON every row.
+        r = BuildReport(f, o.json ? SIZE_MAX : o.top);
+      }
       if (o.json) {
         doc["files"].push_back(RenderJson(r));
       } else {
@@ -70,20 +113,15 @@ int RunInspect(const InspectCliOptions& o) {
       rc = 1;
     }
   }
-  // A DeepSpeed ZeRO checkpoint is also described as the one model its rank files make.
-  for (const std::string& path : paths) {
-    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
-    try {
-      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
-      if (o.json) {
-        doc["zero"].push_back(RenderZeroJson(z));
-      } else {
-        std::cout << "\n" << RenderZeroText(z, o.top);
-      }
-    } catch (const Error& e) {
-      PrintError(e.what());
-      if (o.json) doc["zero"].push_back({{"folder", path}, {"error", e.what()}});
+  for (ZeroOut& z : zeros) {
+    if (!z.error.empty()) {
+      PrintError(z.error);
+      if (o.json) doc["zero"].push_back({{"folder", z.path}, {"error", z.error}});
       rc = 1;
+    } else if (o.json) {
+      doc["zero"].push_back(std::move(z.json));
+    } else {
+      std::cout << "\n" << z.text;
     }
   }
   // A torch.distributed.checkpoint folder is one checkpoint made of chunk items.

@@ -212,7 +212,8 @@ bool LooksLikeZeroCheckpoint(const std::string& path) {
   return !Matching(path, "_optim_states.pt").empty();
 }
 
-ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag) {
+ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag,
+                                  const OnRankFile& on_file) {
   ZeroCheckpoint z;
   std::error_code ec;
   fs::path root(path);
@@ -268,6 +269,7 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
       for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
         z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
     }
+    if (on_file) on_file(*f);
     return f;
   };
   z.fragments.resize(model_names.size());

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -97,7 +98,11 @@ bool LooksLikeZeroCheckpoint(const std::string& path);
 // under the root). Throws ckpt::Error naming the folder or file and the reason, including
 // for the checkpoints zero_to_fp32 refuses (no zero_stage: BF16_Optimizer; tensor parallel;
 // MoE expert files; universal checkpoints).
-ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag = "");
+// `on_file`, when given, sees each rank file as soon as it is read, while its parsed pickle is
+// still there (inspect describes each file from it instead of reading it a second time).
+using OnRankFile = std::function<void(const CheckpointFile&)>;
+ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag = "",
+                                  const OnRankFile& on_file = {});
 
 // The consolidation alone, from files already read: z.files holds z.model_files model states
 // files, then the optimizer files, each with its torch model (the fuzz target and tests give

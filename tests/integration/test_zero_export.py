@@ -165,6 +165,37 @@ class ZeroExportTest(CkptTestCase):
         r = run("verify", root, expect=1)
         self.assertIn("partition_count says 5 ranks but there are 4", r.stdout)
 
+    def test_a_folders_rank_files_are_described_as_each_file_alone(self):
+        # inspect describes each rank file from the parse the ZeRO reader makes of it: the
+        # reports must be those of the file inspected by itself, in the same order, also
+        # when a damaged file stops the ZeRO reader part way (the rest are then read alone).
+        root = self.path("run")
+        fx = zf.make_zero_checkpoint(root, 3, 3)
+        folder = os.path.join(root, "global_step14")
+        for damaged in (False, True):
+            with self.subTest(damaged=damaged):
+                if damaged:
+                    victim = os.path.join(folder, fx.optim_files[0])
+                    data = read_bytes(victim)
+                    with open(victim, "wb") as f:
+                        f.write(data[: len(data) // 2])
+                r = run("inspect", "--json", root, expect=1 if damaged else 0)
+                doc = json.loads(r.stdout)
+                paths = [f["path"] for f in doc["files"]]
+                self.assertEqual(len(paths), 6)
+                self.assertEqual(len(doc["zero"]), 1)
+                self.assertEqual("error" in doc["zero"][0], damaged)
+                for f in doc["files"]:
+                    (alone,) = json.loads(run("inspect", "--json", f["path"],
+                                              expect=1 if "error" in f else 0).stdout)["files"]
+                    self.assertEqual(f, alone, f["path"])
+                self.assertEqual(sum("error" in f for f in doc["files"]), 1 if damaged else 0)
+                text = run("inspect", root, expect=1 if damaged else 0).stdout
+                outs = [run("inspect", p, expect=None).stdout for p in paths]
+                alone = "\n".join(o for o in outs if o)
+                self.assertTrue(text.startswith(alone), "per-file reports first, in order")
+                self.assertEqual("DeepSpeed ZeRO stage 3" in text, not damaged)
+
     def test_missing_or_truncated_rank_file_is_named(self):
         root = self.path("run")
         fx = zf.make_zero_checkpoint(root, 2, 3)

@@ -16,7 +16,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     ckpt::ckz::Archive a = ckpt::ckz::Archive::FromBytes(ckpt::Bytes(data, size), "fuzz.ckz");
     ckpt::RenderArchiveText(a, 5);
-    ckpt::RenderArchiveJson(a);
+    std::string json;
+    {
+      ckpt::JsonStream out([&json](std::string_view t) { json.append(t); });
+      ckpt::WriteArchiveJson(out, a);
+    }
+    if (!nlohmann::ordered_json::parse(json).is_object()) __builtin_trap();
     ckpt::ckz::ChunkCoder coder;
     std::vector<uint8_t> buf;
     size_t good = 0;

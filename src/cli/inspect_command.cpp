@@ -27,67 +27,55 @@ struct InspectCliOptions {
   size_t top = 20;
 };
 
-int RunInspect(const InspectCliOptions& o) {
+// What inspect was given: .ckz archives (described from their index, without decoding),
+// checkpoint files, DeepSpeed ZeRO folders (also described as the one model their rank files
+// make) and torch.distributed.checkpoint folders (one checkpoint made of chunk items).
+struct Inputs {
+  std::vector<std::string> archives, files, zero, dcp;
+};
+
+// Text: each checkpoint's report as it is read; a ZeRO folder's rank files are described from
+// the parse its reader makes of them (not parsed a second time), printed in the same order as
+// if they were read on their own.
+int InspectText(const InspectCliOptions& o, const Inputs& in) {
   int rc = 0;
-  // .ckz archives (ckptool compress) are described from their index, without decoding.
-  std::vector<std::string> archives, paths;
-  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? archives : paths).push_back(p);
-  std::vector<std::string> dcp_folders;
-  std::vector<std::string> files = ExpandInputs(paths, nullptr, &dcp_folders);
-  if (files.empty() && dcp_folders.empty() && archives.empty()) {
-    PrintError("no checkpoint files found in the given paths");
-    return 1;
-  }
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   bool first = true;
-  for (const std::string& path : archives) {
+  auto print = [&](const std::string& text) {
+    if (!first) std::cout << "\n";
+    std::cout << text;
+    first = false;
+  };
+  for (const std::string& path : in.archives) {
     try {
-      ckz::Archive a = ckz::Archive::Open(path);
-      if (o.json) {
-        doc["archives"].push_back(RenderArchiveJson(a));
-      } else {
-        if (!first) std::cout << "\n";
-        std::cout << RenderArchiveText(a, o.top);
-        first = false;
-      }
+      print(RenderArchiveText(ckz::Archive::Open(path), o.top));
     } catch (const Error& e) {
       PrintError(e.what());
-      if (o.json) doc["archives"].push_back({{"path", path}, {"error", e.what()}});
       rc = 1;
     }
   }
-  // DeepSpeed ZeRO checkpoints are read first, each also described as the one model its rank
-  // files make: every rank file is described as that reader parses it, so it is not parsed a
-  // second time below (printed in the same order as if it were).
   std::unordered_map<std::string, FileReport> described;  // by lexically normal path
   auto key = [](const std::string& p) { return fs::path(p).lexically_normal().string(); };
   struct ZeroOut {
-    std::string path, text, error;
-    nlohmann::ordered_json json;
+    std::string text, error;
   };
   std::vector<ZeroOut> zeros;
-  for (const std::string& path : paths) {
-    if (!deepspeed::LooksLikeZeroCheckpoint(path)) continue;
-    ZeroOut& out = zeros.emplace_back(ZeroOut{path, {}, {}, {}});
+  for (const std::string& path : in.zero) {
+    ZeroOut& out = zeros.emplace_back();
     try {
       deepspeed::ZeroCheckpoint z =
           deepspeed::OpenZeroCheckpoint(path, "", [&](const CheckpointFile& f) {
             try {
-              described.insert_or_assign(key(f.path), BuildReport(f, o.json ? SIZE_MAX : o.top));
+              described.insert_or_assign(key(f.path), BuildReport(f, o.top));
             } catch (const Error&) {
               // Described (with its error) when the file is read on its own below.
             }
           });
-      if (o.json) {
-        out.json = RenderZeroJson(z);
-      } else {
-        out.text = RenderZeroText(z, o.top);
-      }
+      out.text = RenderZeroText(z, o.top);
     } catch (const Error& e) {
       out.error = e.what();
     }
   }
-  for (const std::string& path : files) {
+  for (const std::string& path : in.files) {
     try {
       auto it = described.find(key(path));
       FileReport r;
@@ -96,53 +84,94 @@ int RunInspect(const InspectCliOptions& o) {
         r.path = path;
         described.erase(it);
       } else {
-        CheckpointFile f = OpenCheckpoint(path);
-        // Text lists the largest o.top rows; JSON every row.
-        r = BuildReport(f, o.json ? SIZE_MAX : o.top);
+        r = BuildReport(OpenCheckpoint(path), o.top);  // the largest o.top rows
       }
-      if (o.json) {
-        doc["files"].push_back(RenderJson(r));
-      } else {
-        if (!first) std::cout << "\n";
-        std::cout << RenderText(r, o.top);
-        first = false;
-      }
+      print(RenderText(r, o.top));
     } catch (const Error& e) {
       PrintError(e.what());
-      if (o.json) doc["files"].push_back({{"path", path}, {"error", e.what()}});
       rc = 1;
     }
   }
-  for (ZeroOut& z : zeros) {
+  for (const ZeroOut& z : zeros) {
     if (!z.error.empty()) {
       PrintError(z.error);
-      if (o.json) doc["zero"].push_back({{"folder", z.path}, {"error", z.error}});
       rc = 1;
-    } else if (o.json) {
-      doc["zero"].push_back(std::move(z.json));
     } else {
       std::cout << "\n" << z.text;
     }
   }
-  // A torch.distributed.checkpoint folder is one checkpoint made of chunk items.
-  for (const std::string& folder : dcp_folders) {
+  for (const std::string& folder : in.dcp) {
     try {
-      dcp::Checkpoint c = dcp::OpenDcp(folder);
-      if (o.json) {
-        doc["dcp"].push_back(RenderDcpJson(c));
-      } else {
-        if (!first) std::cout << "\n";
-        std::cout << RenderDcpText(c, o.top);
-        first = false;
-      }
+      print(RenderDcpText(dcp::OpenDcp(folder), o.top));
     } catch (const Error& e) {
       PrintError(e.what());
-      if (o.json) doc["dcp"].push_back({{"folder", folder}, {"error", e.what()}});
       rc = 1;
     }
   }
-  if (o.json) PrintJson(doc);
   return rc;
+}
+
+// JSON: one document {"files": [...], "archives": [...], "zero": [...], "dcp": [...]} (keys
+// after "files" only when there is something under them), written as each checkpoint is
+// described and then freed: every row of every file, yet memory bounded by one checkpoint.
+int InspectJson(const Inputs& in) {
+  int rc = 0;
+  JsonStream out([](std::string_view text) { std::cout.write(text.data(), text.size()); });
+  out.BeginObject();
+  // One array per key; `each` describes an input into the stream or throws.
+  auto section = [&](std::string_view name, const std::vector<std::string>& items,
+                     std::string_view path_key, auto each, bool always) {
+    if (items.empty() && !always) return;
+    out.BeginArray(name);
+    for (const std::string& item : items) {
+      size_t depth = out.depth();
+      try {
+        each(item);
+      } catch (const Error& e) {
+        if (out.depth() != depth) throw;  // an object half written: nothing sane to add
+        PrintError(e.what());
+        out.Value({{std::string(path_key), item}, {"error", e.what()}});
+        rc = 1;
+      }
+    }
+    out.End();
+  };
+  section(
+      "files", in.files, "path",
+      [&](const std::string& path) {
+        FileReport r = BuildReport(OpenCheckpoint(path), SIZE_MAX);  // every row
+        WriteJson(out, r);
+      },
+      true);
+  section(
+      "archives", in.archives, "path",
+      [&](const std::string& path) { WriteArchiveJson(out, ckz::Archive::Open(path)); }, false);
+  section(
+      "zero", in.zero, "folder",
+      [&](const std::string& path) { WriteZeroJson(out, deepspeed::OpenZeroCheckpoint(path)); },
+      false);
+  section(
+      "dcp", in.dcp, "folder",
+      [&](const std::string& folder) { WriteDcpJson(out, dcp::OpenDcp(folder)); }, false);
+  out.End();
+  out.Flush();
+  std::cout << "\n";
+  return rc;
+}
+
+int RunInspect(const InspectCliOptions& o) {
+  Inputs in;
+  std::vector<std::string> paths;
+  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? in.archives : paths).push_back(p);
+  in.files = ExpandInputs(paths, nullptr, &in.dcp);
+  for (const std::string& p : paths) {
+    if (deepspeed::LooksLikeZeroCheckpoint(p)) in.zero.push_back(p);
+  }
+  if (in.files.empty() && in.dcp.empty() && in.archives.empty()) {
+    PrintError("no checkpoint files found in the given paths");
+    return 1;
+  }
+  return o.json ? InspectJson(in) : InspectText(o, in);
 }
 
 }  // namespace

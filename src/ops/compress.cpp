@@ -917,72 +917,75 @@ std::string RenderArchiveText(const ckz::Archive& a, size_t top) {
   return out;
 }
 
-nlohmann::ordered_json RenderArchiveJson(const ckz::Archive& a) {
+void WriteArchiveJson(JsonStream& out, const ckz::Archive& a) {
   const Index& index = a.index();
   IndexStats s = StatsOf(index);
-  nlohmann::ordered_json doc;
-  doc["path"] = a.name();
-  doc["format"] = "ckz";
-  doc["format_version"] = ckz::kVersion;
-  doc["kind"] = index.kind == ckz::ArchiveKind::kFile ? "file" : "folder";
-  doc["level"] = index.level == 1 ? "max" : "fast";
-  doc["archive_bytes"] = a.bytes().size();
-  doc["index_bytes"] = a.index_frame_bytes();
-  doc["chunks"] = index.chunks.size();
-  uint64_t original = 0;
-  auto planes = nlohmann::ordered_json::array();
+  out.BeginObject();
+  out.Member("path", a.name());
+  out.Member("format", "ckz");
+  out.Member("format_version", ckz::kVersion);
+  out.Member("kind", index.kind == ckz::ArchiveKind::kFile ? "file" : "folder");
+  out.Member("level", index.level == 1 ? "max" : "fast");
+  out.Member("archive_bytes", a.bytes().size());
+  out.Member("index_bytes", a.index_frame_bytes());
+  out.Member("chunks", index.chunks.size());
+  out.BeginArray("planes");
   for (int t = 0; t < ckz::kTransforms; ++t) {
     for (int p = 0; p < 8; ++p) {
       const PlaneStat& ps = s.planes[t][p];
       if (ps.original == 0) continue;
-      planes.push_back({{"transform", ckz::TransformName(static_cast<ckz::Transform>(t))},
-                        {"plane", p},
-                        {"name", PlaneName(static_cast<ckz::Transform>(t), p)},
-                        {"original_bytes", ps.original},
-                        {"stored_bytes", ps.stored},
-                        {"raw", ps.methods[0]},
-                        {"huffman", ps.methods[1]},
-                        {"zstd", ps.methods[2]}});
+      out.Value({{"transform", ckz::TransformName(static_cast<ckz::Transform>(t))},
+                 {"plane", p},
+                 {"name", PlaneName(static_cast<ckz::Transform>(t), p)},
+                 {"original_bytes", ps.original},
+                 {"stored_bytes", ps.stored},
+                 {"raw", ps.methods[0]},
+                 {"huffman", ps.methods[1]},
+                 {"zstd", ps.methods[2]}});
     }
   }
-  doc["planes"] = planes;
-  doc["plain_zstd_chunks"] = s.fallback_chunks;
-  doc["plain_zstd_original_bytes"] = s.fallback.original;
-  doc["plain_zstd_stored_bytes"] = s.fallback.stored;
-  auto entries = nlohmann::ordered_json::array();
+  out.End();
+  out.Member("plain_zstd_chunks", s.fallback_chunks);
+  out.Member("plain_zstd_original_bytes", s.fallback.original);
+  out.Member("plain_zstd_stored_bytes", s.fallback.stored);
+  uint64_t original = 0;
   for (const Entry& e : index.entries) {
-    nlohmann::ordered_json j;
-    j["path"] = e.path;
-    j["type"] = e.type == EntryType::kFile     ? "file"
-                : e.type == EntryType::kFolder ? "folder"
-                                               : "symlink";
-    j["mode"] = fmt::format("{:04o}", e.mode);
-    j["mtime_ns"] = e.mtime_ns;
-    if (e.type == EntryType::kSymlink) j["target"] = e.target;
+    if (e.type == EntryType::kFile) original += e.size;
+  }
+  out.Member("original_bytes", original);
+  out.BeginArray("entries");
+  for (const Entry& e : index.entries) {
+    out.BeginObject();
+    out.Member("path", e.path);
+    out.Member("type", e.type == EntryType::kFile     ? "file"
+                       : e.type == EntryType::kFolder ? "folder"
+                                                      : "symlink");
+    out.Member("mode", fmt::format("{:04o}", e.mode));
+    out.Member("mtime_ns", e.mtime_ns);
+    if (e.type == EntryType::kSymlink) out.Member("target", e.target);
     if (e.type == EntryType::kFile) {
       uint64_t stored = 0;
       for (uint64_t k = e.first_chunk; k < e.first_chunk + e.chunk_count; ++k)
         stored += index.chunks[k].stored_bytes();
-      original += e.size;
-      j["bytes"] = e.size;
-      j["stored_bytes"] = stored;
-      j["crc32"] = fmt::format("{:08x}", e.crc);
-      j["format"] = ckz::FileFormatName(e.format);
-      j["chunks"] = e.chunk_count;
-      auto tensors = nlohmann::ordered_json::array();
-      for (const ckz::TensorInfo& t : e.tensors)
-        tensors.push_back({{"name", t.name},
-                           {"dtype", t.dtype},
-                           {"shape", t.shape},
-                           {"begin", t.begin},
-                           {"end", t.end}});
-      j["tensors"] = tensors;
+      out.Member("bytes", e.size);
+      out.Member("stored_bytes", stored);
+      out.Member("crc32", fmt::format("{:08x}", e.crc));
+      out.Member("format", ckz::FileFormatName(e.format));
+      out.Member("chunks", e.chunk_count);
+      out.BeginArray("tensors");
+      for (const ckz::TensorInfo& t : e.tensors) {
+        out.Value({{"name", t.name},
+                   {"dtype", t.dtype},
+                   {"shape", t.shape},
+                   {"begin", t.begin},
+                   {"end", t.end}});
+      }
+      out.End();
     }
-    entries.push_back(j);
+    out.End();
   }
-  doc["original_bytes"] = original;
-  doc["entries"] = entries;
-  return doc;
+  out.End();
+  out.End();
 }
 
 }  // namespace ckpt

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_stream.h"
 #include "compress/archive.h"
 #include "compress/chunk_coder.h"
 #include "torch/model.h"
@@ -85,7 +86,7 @@ std::string DefaultRestoredName(const std::string& archive);  // "" when it has 
 
 // inspect: what the archive holds and how each kind of bytes was coded, without decoding.
 std::string RenderArchiveText(const ckz::Archive& a, size_t top);
-nlohmann::ordered_json RenderArchiveJson(const ckz::Archive& a);
+void WriteArchiveJson(JsonStream& out, const ckz::Archive& a);
 
 // verify: decodes every chunk in parallel and checks every checksum; one problem per bad
 // chunk (naming the file and tensors it holds) and per file whose checksum fails.

@@ -82,61 +82,60 @@ std::vector<std::string> Unsafe(const dcp::Checkpoint& c) {
 
 }  // namespace
 
-nlohmann::ordered_json RenderDcpJson(const dcp::Checkpoint& c) {
-  using J = nlohmann::ordered_json;
-  J doc;
-  doc["format"] = "dcp";
-  doc["folder"] = c.folder;
-  doc["metadata"] = {
-      {"files", c.metadata_files}, {"bytes", c.metadata_bytes}, {"class", c.meta.class_name}};
-  J tensors = J::array();
-  uint64_t tensor_bytes = 0;
-  for (const dcp::Tensor& t : c.tensors) {
-    tensors.push_back({{"name", t.fqn},
-                       {"dtype", torch::Name(t.dtype)},
-                       {"shape", t.shape},
-                       {"chunks", t.chunks.size()},
-                       {"bytes", TensorBytes(t)},
-                       {"files", FilesOf(c, t)}});
-    tensor_bytes += TensorBytes(t);
-  }
-  doc["tensors"] = std::move(tensors);
-  J objects = J::array();
-  for (const dcp::Object& o : c.objects) {
-    objects.push_back(
-        {{"name", o.fqn}, {"bytes", ItemLength(c, o.item)}, {"globals", ObjectGlobals(c, o)}});
-  }
-  doc["objects"] = std::move(objects);
-  J rollup = J::array();
-  for (const auto& [key, r] : Rollups(c)) {
-    rollup.push_back({{"key", key},
-                      {"tensors", r.tensors},
-                      {"objects", r.objects},
-                      {"bytes", r.bytes},
-                      {"stored_bytes", r.stored}});
-  }
-  doc["rollup"] = std::move(rollup);
-  J files = J::array();
-  uint64_t total = c.metadata_bytes;
-  for (const dcp::DataFile& f : c.files) {
-    files.push_back({{"path", f.name},
-                     {"bytes", f.bytes.size()},
-                     {"items", f.items},
-                     {"item_bytes", f.item_bytes}});
-    total += f.bytes.size();
-  }
-  doc["files"] = std::move(files);
-  doc["tensor_bytes"] = tensor_bytes;
-  doc["total_bytes"] = total;
+void WriteDcpJson(JsonStream& out, const dcp::Checkpoint& c) {
+  out.BeginObject();
+  out.Member("format", "dcp");
+  out.Member("folder", c.folder);
   std::vector<std::string> names;
   for (const torch::ImportedName& n : c.meta.scan.names) names.push_back(n.name);
-  doc["metadata"]["globals"] = names;
-  doc["unsafe"] = Unsafe(c);
-  J problems = J::array();
-  for (const torch::Problem& p : c.problems)
-    problems.push_back({{"where", p.where}, {"what", p.what}});
-  doc["problems"] = std::move(problems);
-  return doc;
+  out.Member("metadata", {{"files", c.metadata_files},
+                          {"bytes", c.metadata_bytes},
+                          {"class", c.meta.class_name},
+                          {"globals", names}});
+  out.BeginArray("tensors");
+  uint64_t tensor_bytes = 0;
+  for (const dcp::Tensor& t : c.tensors) {
+    out.Value({{"name", t.fqn},
+               {"dtype", torch::Name(t.dtype)},
+               {"shape", t.shape},
+               {"chunks", t.chunks.size()},
+               {"bytes", TensorBytes(t)},
+               {"files", FilesOf(c, t)}});
+    tensor_bytes += TensorBytes(t);
+  }
+  out.End();
+  out.BeginArray("objects");
+  for (const dcp::Object& o : c.objects) {
+    out.Value(
+        {{"name", o.fqn}, {"bytes", ItemLength(c, o.item)}, {"globals", ObjectGlobals(c, o)}});
+  }
+  out.End();
+  out.BeginArray("rollup");
+  for (const auto& [key, r] : Rollups(c)) {
+    out.Value({{"key", key},
+               {"tensors", r.tensors},
+               {"objects", r.objects},
+               {"bytes", r.bytes},
+               {"stored_bytes", r.stored}});
+  }
+  out.End();
+  out.BeginArray("files");
+  uint64_t total = c.metadata_bytes;
+  for (const dcp::DataFile& f : c.files) {
+    out.Value({{"path", f.name},
+               {"bytes", f.bytes.size()},
+               {"items", f.items},
+               {"item_bytes", f.item_bytes}});
+    total += f.bytes.size();
+  }
+  out.End();
+  out.Member("tensor_bytes", tensor_bytes);
+  out.Member("total_bytes", total);
+  out.Member("unsafe", Unsafe(c));
+  out.BeginArray("problems");
+  for (const torch::Problem& p : c.problems) out.Value({{"where", p.where}, {"what", p.what}});
+  out.End();
+  out.End();
 }
 
 std::string RenderDcpText(const dcp::Checkpoint& c, size_t top_n) {

@@ -4,17 +4,17 @@
 // and a byte account of every file that adds up to its size.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
+#include "base/json_stream.h"
 #include "dcp/dcp_checkpoint.h"
 
 namespace ckpt {
 
 std::string RenderDcpText(const dcp::Checkpoint& c, size_t top_n);
-nlohmann::ordered_json RenderDcpJson(const dcp::Checkpoint& c);
+// The folder as one JSON object, written a tensor at a time.
+void WriteDcpJson(JsonStream& out, const dcp::Checkpoint& c);
 
 // verify: every problem the reader found, what the pickles could run, and the CRC32 of
 // every record of every item. Each line names the tensor (or object) and the file.

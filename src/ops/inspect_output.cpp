@@ -122,81 +122,85 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   return out;
 }
 
-nlohmann::ordered_json RenderJson(const FileReport& r) {
+void WriteJson(JsonStream& out, const FileReport& r) {
   using json = nlohmann::ordered_json;
-  json j;
-  j["path"] = r.path;
-  j["format"] = FormatName(r.format);
-  if (r.pickle_protocol >= 0) j["pickle_protocol"] = r.pickle_protocol;
-  j["file_bytes"] = r.file_bytes;
-  j["storage_bytes"] = r.storage_bytes;
-  j["used_bytes"] = r.used_bytes;
-  j["wasted_bytes"] = r.wasted_bytes;
-  j["tensor_bytes"] = r.tensor_bytes;
-  j["distinct_tensors"] = r.distinct_tensors;
-  j["metadata_bytes"] = r.metadata_bytes;
-  j["byte_map"] = json::array();
-  for (const auto& [label, bytes] : r.byte_map)
-    j["byte_map"].push_back({{"label", label}, {"bytes", bytes}});
-  j["tensors"] = json::array();
+  out.BeginObject();
+  out.Member("path", r.path);
+  out.Member("format", FormatName(r.format));
+  if (r.pickle_protocol >= 0) out.Member("pickle_protocol", r.pickle_protocol);
+  out.Member("file_bytes", r.file_bytes);
+  out.Member("storage_bytes", r.storage_bytes);
+  out.Member("used_bytes", r.used_bytes);
+  out.Member("wasted_bytes", r.wasted_bytes);
+  out.Member("tensor_bytes", r.tensor_bytes);
+  out.Member("distinct_tensors", r.distinct_tensors);
+  out.Member("metadata_bytes", r.metadata_bytes);
+  out.BeginArray("byte_map");
+  for (const auto& [label, bytes] : r.byte_map) out.Value({{"label", label}, {"bytes", bytes}});
+  out.End();
+  out.BeginArray("tensors");
   for (const TensorRow& t : r.tensors) {
-    j["tensors"].push_back({{"name", t.name},
-                            {"dtype", t.dtype},
-                            {"kind", t.kind},
-                            {"shape", t.shape},
-                            {"stride", t.stride},
-                            {"storage", t.storage.empty() ? json(nullptr) : json(t.storage)},
-                            {"offset", t.offset},
-                            {"bytes", t.bytes},
-                            {"requires_grad", t.requires_grad}});
+    out.Value({{"name", t.name},
+               {"dtype", t.dtype},
+               {"kind", t.kind},
+               {"shape", t.shape},
+               {"stride", t.stride},
+               {"storage", t.storage.empty() ? json(nullptr) : json(t.storage)},
+               {"offset", t.offset},
+               {"bytes", t.bytes},
+               {"requires_grad", t.requires_grad}});
   }
-  j["storages"] = json::array();
+  out.End();
+  out.BeginArray("storages");
   for (const StorageRow& s : r.storages) {
-    j["storages"].push_back({{"key", s.key},
-                             {"dtype", s.dtype},
-                             {"location", s.location},
-                             {"bytes", s.bytes},
-                             {"used_bytes", s.used_bytes},
-                             {"views", s.views},
-                             {"compressed", s.compressed}});
+    out.Value({{"key", s.key},
+               {"dtype", s.dtype},
+               {"location", s.location},
+               {"bytes", s.bytes},
+               {"used_bytes", s.used_bytes},
+               {"views", s.views},
+               {"compressed", s.compressed}});
   }
-  auto rollups = [](const std::vector<Rollup>& rows) {
-    json a = json::array();
+  out.End();
+  auto rollups = [&out](std::string_view key, const std::vector<Rollup>& rows) {
+    out.BeginArray(key);
     for (const Rollup& row : rows) {
-      a.push_back({{"key", row.key},
-                   {"tensors", row.tensors},
-                   {"tensor_bytes", row.tensor_bytes},
-                   {"storages", row.storages},
-                   {"storage_bytes", row.storage_bytes},
-                   {"used_bytes", row.used_bytes}});
+      out.Value({{"key", row.key},
+                 {"tensors", row.tensors},
+                 {"tensor_bytes", row.tensor_bytes},
+                 {"storages", row.storages},
+                 {"storage_bytes", row.storage_bytes},
+                 {"used_bytes", row.used_bytes}});
     }
-    return a;
+    out.End();
   };
-  j["by_dtype"] = rollups(r.by_dtype);
-  j["by_key"] = rollups(r.by_key);
-  j["globals"] = json::array();
-  j["unsafe_globals"] = json::array();
-  j["weights_only_refused_globals"] = json::array();
-  j["globals_detail"] = json::array();
+  rollups("by_dtype", r.by_dtype);
+  rollups("by_key", r.by_key);
+  json globals = json::array(), unsafe = json::array(), refused = json::array(),
+       detail = json::array();
   for (const GlobalRow& g : r.globals) {
-    j["globals"].push_back(g.name);
-    j["globals_detail"].push_back({{"name", g.name},
-                                   {"raw", g.raw},
-                                   {"class", torch::GlobalClassName(g.cls)},
-                                   {"getattr", g.getattr}});
-    if (g.cls == torch::GlobalClass::kUnsafe) j["unsafe_globals"].push_back(g.name);
-    if (g.cls != torch::GlobalClass::kTorchAllowed)
-      j["weights_only_refused_globals"].push_back(g.name);
+    globals.push_back(g.name);
+    detail.push_back({{"name", g.name},
+                      {"raw", g.raw},
+                      {"class", torch::GlobalClassName(g.cls)},
+                      {"getattr", g.getattr}});
+    if (g.cls == torch::GlobalClass::kUnsafe) unsafe.push_back(g.name);
+    if (g.cls != torch::GlobalClass::kTorchAllowed) refused.push_back(g.name);
   }
-  j["unsafe_calls"] = json::array();
-  for (const UnsafeCallRow& c : r.unsafe_calls) {
-    j["unsafe_calls"].push_back({{"pickle_offset", c.pickle_offset}, {"what", c.what}});
-  }
-  j["metadata"] = r.metadata;
-  j["notes"] = r.notes;
-  j["problems"] = json::array();
-  for (const auto& p : r.problems) j["problems"].push_back({{"where", p.where}, {"what", p.what}});
-  return j;
+  out.Member("globals", globals);
+  out.Member("unsafe_globals", unsafe);
+  out.Member("weights_only_refused_globals", refused);
+  out.Member("globals_detail", detail);
+  out.BeginArray("unsafe_calls");
+  for (const UnsafeCallRow& c : r.unsafe_calls)
+    out.Value({{"pickle_offset", c.pickle_offset}, {"what", c.what}});
+  out.End();
+  out.Member("metadata", r.metadata);
+  out.Member("notes", r.notes);
+  out.BeginArray("problems");
+  for (const auto& p : r.problems) out.Value({{"where", p.where}, {"what", p.what}});
+  out.End();
+  out.End();
 }
 
 }  // namespace ckpt

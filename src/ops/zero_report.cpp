@@ -83,25 +83,29 @@ std::string RenderZeroText(const deepspeed::ZeroCheckpoint& z, size_t top_n) {
   return out;
 }
 
-nlohmann::ordered_json RenderZeroJson(const deepspeed::ZeroCheckpoint& z) {
-  nlohmann::ordered_json j = {{"folder", z.folder},
-                              {"tag", z.tag},
-                              {"stage", z.stage},
-                              {"world_size", z.world_size},
-                              {"optimizer_bytes", z.optimizer_bytes}};
-  j["tensors"] = nlohmann::ordered_json::array();
+void WriteZeroJson(JsonStream& out, const deepspeed::ZeroCheckpoint& z) {
+  out.BeginObject();
+  out.Member("folder", z.folder);
+  out.Member("tag", z.tag);
+  out.Member("stage", z.stage);
+  out.Member("world_size", z.world_size);
+  out.Member("optimizer_bytes", z.optimizer_bytes);
+  out.BeginArray("tensors");
   for (const ZeroTensor& t : z.tensors) {
-    j["tensors"].push_back({{"name", t.name},
-                            {"kind", KindName(t.kind)},
-                            {"dtype", torch::Name(t.dtype)},
-                            {"stored_dtype", torch::Name(t.stored)},
-                            {"shape", t.shape},
-                            {"bytes", TensorBytes(t)},
-                            {"files", FilesOf(z, t)}});
+    out.Value({{"name", t.name},
+               {"kind", KindName(t.kind)},
+               {"dtype", torch::Name(t.dtype)},
+               {"stored_dtype", torch::Name(t.stored)},
+               {"shape", t.shape},
+               {"bytes", TensorBytes(t)},
+               {"files", FilesOf(z, t)}});
   }
-  j["aliases"] = nlohmann::ordered_json::object();
-  for (const auto& [alias, owner] : z.aliases) j["aliases"][alias] = owner;
-  return j;
+  out.End();
+  // A json object (not streamed): a key given twice keeps its first place and last owner.
+  nlohmann::ordered_json aliases = nlohmann::ordered_json::object();
+  for (const auto& [alias, owner] : z.aliases) aliases[alias] = owner;
+  out.Member("aliases", aliases);
+  out.End();
 }
 
 }  // namespace ckpt

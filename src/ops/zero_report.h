@@ -3,15 +3,15 @@
 // the optimizer state costs.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <string>
 
+#include "base/json_stream.h"
 #include "deepspeed/zero_checkpoint.h"
 
 namespace ckpt {
 
 std::string RenderZeroText(const deepspeed::ZeroCheckpoint& z, size_t top_n);
-nlohmann::ordered_json RenderZeroJson(const deepspeed::ZeroCheckpoint& z);
+// The consolidated model as one JSON object, written a tensor at a time.
+void WriteZeroJson(JsonStream& out, const deepspeed::ZeroCheckpoint& z);
 
 }  // namespace ckpt

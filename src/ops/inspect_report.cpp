@@ -95,12 +95,23 @@ void FinishByteMap(FileReport& r) {
                    [](const auto& a, const auto& b) { return a.second > b.second; });
 }
 
-void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
+// `release`: the graph to free once it has been read (the file's own, or null).
+void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper, pickle::Graph* release) {
   size_t keep = keeper.keep;
   const torch::TorchFile& tf = *f.torch;
   const torch::Model& m = tf.model;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.pickle_protocol = m.graph.protocol;
+  torch::PickleScan scan = torch::ScanPickle(m.graph);
+  for (torch::ImportedName& n : scan.names) {
+    r.globals.push_back({std::move(n.name), std::move(n.raw), n.cls, n.getattr});
+  }
+  for (const torch::UnsafeFinding& u : scan.findings) {
+    if (m.graph.kind(u.node) == pickle::Kind::kObject) {
+      r.unsafe_calls.push_back({m.graph.at(u.node).stream_offset, u.what});
+    }
+  }
+  if (release) *release = pickle::Graph();
   r.problems = m.problems;
   r.notes = m.notes;
   for (const torch::Region& reg : tf.regions) AddBytes(r, reg.label, reg.size);
@@ -191,15 +202,6 @@ void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
     if (row.views > 1) r.shared_storages++;
     if (keep == SIZE_MAX) r.storages.push_back(std::move(row));
   }
-  torch::PickleScan scan = torch::ScanPickle(m.graph);
-  for (torch::ImportedName& n : scan.names) {
-    r.globals.push_back({std::move(n.name), std::move(n.raw), n.cls, n.getattr});
-  }
-  for (const torch::UnsafeFinding& u : scan.findings) {
-    if (m.graph.kind(u.node) == pickle::Kind::kObject) {
-      r.unsafe_calls.push_back({m.graph.at(u.node).stream_offset, u.what});
-    }
-  }
 }
 
 void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) {
@@ -247,16 +249,14 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) 
   }
 }
 
-}  // namespace
-
-FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
+FileReport Build(const CheckpointFile& f, size_t keep_rows, pickle::Graph* release) {
   FileReport r;
   r.path = f.path;
   r.format = f.format;
   r.file_bytes = f.map.size();
   RowKeeper keeper;
   keeper.keep = keep_rows;
-  if (f.torch) FromTorch(f, r, keeper);
+  if (f.torch) FromTorch(f, r, keeper, release);
   if (f.st) FromSafetensors(f, r, keeper);
   if (keep_rows != SIZE_MAX) PruneRows(r.tensors, keep_rows);
   r.wasted_bytes = r.storage_bytes - r.used_bytes;
@@ -272,6 +272,16 @@ FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
   std::sort(r.by_dtype.begin(), r.by_dtype.end(), by_bytes);
   std::sort(r.by_key.begin(), r.by_key.end(), by_bytes);
   return r;
+}
+
+}  // namespace
+
+FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
+  return Build(f, keep_rows, nullptr);
+}
+
+FileReport BuildReport(CheckpointFile&& f, size_t keep_rows) {
+  return Build(f, keep_rows, f.torch ? &f.torch->model.graph : nullptr);
 }
 
 }  // namespace ckpt

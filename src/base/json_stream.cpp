@@ -1,5 +1,7 @@
 #include "base/json_stream.h"
 
+#include <fmt/format.h>
+
 #include "base/error.h"
 
 namespace ckpt {
@@ -23,6 +25,36 @@ JsonStream::~JsonStream() {
 void JsonStream::Put(std::string_view text) {
   buf_.append(text);
   if (buf_.size() >= kFlushBytes) Flush();
+}
+
+void JsonStream::PutString(std::string_view text) {
+  bool plain = true;
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    plain = plain && u >= 0x20 && u < 0x7f && c != '"' && c != '\\';
+  }
+  if (!plain) {
+    Put(Dump(std::string(text)));
+    return;
+  }
+  buf_.push_back('"');
+  buf_.append(text);
+  buf_.push_back('"');
+  if (buf_.size() >= kFlushBytes) Flush();
+}
+
+void JsonStream::PutInt(int64_t v) {
+  Put(fmt::format_int(v).c_str());
+}
+
+void JsonStream::PutUint(uint64_t v) {
+  Put(fmt::format_int(v).c_str());
+}
+
+void JsonStream::Value(const std::vector<int64_t>& list) {
+  BeginArray();
+  for (int64_t v : list) Value(v);
+  End();
 }
 
 void JsonStream::Flush() {
@@ -53,7 +85,7 @@ void JsonStream::Key(std::string_view key) {
   Frame& f = frames_.back();
   Put(f.children++ == 0 ? "{\n" : ",\n");
   Indent(frames_.size());
-  Put(Dump(std::string(key)));
+  PutString(key);
   Put(": ");
   after_key_ = true;
 }

@@ -4,10 +4,13 @@
 // value, instead of being built whole as a tree (~3 KiB a row) and then dumped.
 #pragma once
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,10 +31,38 @@ class JsonStream {
   void End();  // closes the innermost object or array
   // Inside an object: the next value's key.
   void Key(std::string_view key);
-  // A whole value (object members: after Key; array elements: as is).
+  // A whole value (object members: after Key; array elements: as is). Text, integers, bools,
+  // null and integer lists are written directly; anything else goes through a json value.
   void Value(const nlohmann::ordered_json& value);
+  template <typename T>
+  requires std::is_convertible_v<const T&, std::string_view>
+  void Value(const T& text) {
+    BeforeValue();
+    PutString(std::string_view(text));
+  }
+  template <std::integral T>
+  void Value(T v) {
+    BeforeValue();
+    if constexpr (std::is_same_v<T, bool>) {
+      Put(v ? "true" : "false");
+    } else if constexpr (std::is_signed_v<T>) {
+      PutInt(static_cast<int64_t>(v));
+    } else {
+      PutUint(static_cast<uint64_t>(v));
+    }
+  }
+  void Value(std::nullptr_t) {
+    BeforeValue();
+    Put("null");
+  }
+  void Value(const std::vector<int64_t>& list);
 
   // Shorthands inside an object.
+  template <typename T>
+  void Member(std::string_view key, const T& value) {
+    Key(key);
+    Value(value);
+  }
   void Member(std::string_view key, const nlohmann::ordered_json& value) {
     Key(key);
     Value(value);
@@ -60,6 +91,11 @@ class JsonStream {
   // theirs written by Key).
   void BeforeValue();
   void Put(std::string_view text);
+  // A JSON string as dump() writes it: plain printable ASCII as is, the rest through nlohmann
+  // (escapes, invalid UTF-8 replaced).
+  void PutString(std::string_view text);
+  void PutInt(int64_t v);
+  void PutUint(uint64_t v);
   void Indent(size_t levels);
 
   Sink sink_;

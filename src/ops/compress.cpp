@@ -974,11 +974,13 @@ void WriteArchiveJson(JsonStream& out, const ckz::Archive& a) {
       out.Member("chunks", e.chunk_count);
       out.BeginArray("tensors");
       for (const ckz::TensorInfo& t : e.tensors) {
-        out.Value({{"name", t.name},
-                   {"dtype", t.dtype},
-                   {"shape", t.shape},
-                   {"begin", t.begin},
-                   {"end", t.end}});
+        out.BeginObject();
+        out.Member("name", t.name);
+        out.Member("dtype", t.dtype);
+        out.Member("shape", t.shape);
+        out.Member("begin", t.begin);
+        out.Member("end", t.end);
+        out.End();
       }
       out.End();
     }

@@ -95,12 +95,16 @@ void WriteDcpJson(JsonStream& out, const dcp::Checkpoint& c) {
   out.BeginArray("tensors");
   uint64_t tensor_bytes = 0;
   for (const dcp::Tensor& t : c.tensors) {
-    out.Value({{"name", t.fqn},
-               {"dtype", torch::Name(t.dtype)},
-               {"shape", t.shape},
-               {"chunks", t.chunks.size()},
-               {"bytes", TensorBytes(t)},
-               {"files", FilesOf(c, t)}});
+    out.BeginObject();
+    out.Member("name", t.fqn);
+    out.Member("dtype", torch::Name(t.dtype));
+    out.Member("shape", t.shape);
+    out.Member("chunks", t.chunks.size());
+    out.Member("bytes", TensorBytes(t));
+    out.BeginArray("files");
+    for (const std::string& f : FilesOf(c, t)) out.Value(f);
+    out.End();
+    out.End();
     tensor_bytes += TensorBytes(t);
   }
   out.End();

@@ -139,27 +139,36 @@ void WriteJson(JsonStream& out, const FileReport& r) {
   for (const auto& [label, bytes] : r.byte_map) out.Value({{"label", label}, {"bytes", bytes}});
   out.End();
   out.BeginArray("tensors");
+  // 10^5 rows: written field by field, without a json value per row.
   for (const TensorRow& t : r.tensors) {
-    out.Value({{"name", t.name},
-               {"dtype", t.dtype},
-               {"kind", t.kind},
-               {"shape", t.shape},
-               {"stride", t.stride},
-               {"storage", t.storage.empty() ? json(nullptr) : json(t.storage)},
-               {"offset", t.offset},
-               {"bytes", t.bytes},
-               {"requires_grad", t.requires_grad}});
+    out.BeginObject();
+    out.Member("name", t.name);
+    out.Member("dtype", t.dtype);
+    out.Member("kind", t.kind);
+    out.Member("shape", t.shape);
+    out.Member("stride", t.stride);
+    if (t.storage.empty()) {
+      out.Member("storage", nullptr);
+    } else {
+      out.Member("storage", t.storage);
+    }
+    out.Member("offset", t.offset);
+    out.Member("bytes", t.bytes);
+    out.Member("requires_grad", t.requires_grad);
+    out.End();
   }
   out.End();
   out.BeginArray("storages");
   for (const StorageRow& s : r.storages) {
-    out.Value({{"key", s.key},
-               {"dtype", s.dtype},
-               {"location", s.location},
-               {"bytes", s.bytes},
-               {"used_bytes", s.used_bytes},
-               {"views", s.views},
-               {"compressed", s.compressed}});
+    out.BeginObject();
+    out.Member("key", s.key);
+    out.Member("dtype", s.dtype);
+    out.Member("location", s.location);
+    out.Member("bytes", s.bytes);
+    out.Member("used_bytes", s.used_bytes);
+    out.Member("views", s.views);
+    out.Member("compressed", s.compressed);
+    out.End();
   }
   out.End();
   auto rollups = [&out](std::string_view key, const std::vector<Rollup>& rows) {

@@ -92,13 +92,17 @@ void WriteZeroJson(JsonStream& out, const deepspeed::ZeroCheckpoint& z) {
   out.Member("optimizer_bytes", z.optimizer_bytes);
   out.BeginArray("tensors");
   for (const ZeroTensor& t : z.tensors) {
-    out.Value({{"name", t.name},
-               {"kind", KindName(t.kind)},
-               {"dtype", torch::Name(t.dtype)},
-               {"stored_dtype", torch::Name(t.stored)},
-               {"shape", t.shape},
-               {"bytes", TensorBytes(t)},
-               {"files", FilesOf(z, t)}});
+    out.BeginObject();
+    out.Member("name", t.name);
+    out.Member("kind", KindName(t.kind));
+    out.Member("dtype", torch::Name(t.dtype));
+    out.Member("stored_dtype", torch::Name(t.stored));
+    out.Member("shape", t.shape);
+    out.Member("bytes", TensorBytes(t));
+    out.BeginArray("files");
+    for (const std::string& f : FilesOf(z, t)) out.Value(f);
+    out.End();
+    out.End();
   }
   out.End();
   // A json object (not streamed): a key given twice keeps its first place and last owner.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -74,6 +75,52 @@ TEST(JsonStream, WritesWhatDumpOfTheWholeDocumentWrites) {
   EXPECT_EQ(Streamed(json::object(), [](size_t) { return false; }), "{}");
   EXPECT_EQ(Streamed(json::array(), [](size_t) { return false; }), "[]");
   EXPECT_EQ(Streamed(json(7), [](size_t) { return false; }), "7");
+}
+
+TEST(JsonStream, TypedValuesAreWrittenAsDumpWritesThem) {
+  // The row writers' path: text, integers, bools, null and integer lists without a json value.
+  const std::vector<std::string> texts = {"",     "layers.0.weight", "a\"b", "back\\slash",
+                                          "\x7f", "tab\there",       "\x01", "caf\xc3\xa9",
+                                          "\xff", "\xe2\x82",        "~ !"};
+  json expected = json::object();
+  std::string text;
+  {
+    JsonStream out([&](std::string_view t) { text.append(t); });
+    out.BeginObject();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::string key = texts[i] + "#" + std::to_string(i);
+      out.Member(key, texts[i]);
+      expected[key] = texts[i];
+    }
+    out.Member("literal", "dcp");
+    expected["literal"] = "dcp";
+    out.Member("int", -42);
+    expected["int"] = -42;
+    out.Member("min", std::numeric_limits<int64_t>::min());
+    expected["min"] = std::numeric_limits<int64_t>::min();
+    out.Member("max", std::numeric_limits<uint64_t>::max());
+    expected["max"] = std::numeric_limits<uint64_t>::max();
+    out.Member("small", uint8_t{7});
+    expected["small"] = uint8_t{7};
+    out.Member("yes", true);
+    expected["yes"] = true;
+    out.Member("no", false);
+    expected["no"] = false;
+    out.Member("none", nullptr);
+    expected["none"] = nullptr;
+    out.Member("shape", std::vector<int64_t>{4, -1, 0});
+    expected["shape"] = std::vector<int64_t>{4, -1, 0};
+    out.Member("scalar_shape", std::vector<int64_t>{});
+    expected["scalar_shape"] = std::vector<int64_t>{};
+    out.BeginArray("list");
+    out.Value(std::string("x"));
+    out.Value(3u);
+    out.Value(nullptr);
+    out.End();
+    expected["list"] = {"x", 3u, nullptr};
+    out.End();
+  }
+  EXPECT_EQ(text, Dump(expected));
 }
 
 TEST(JsonStream, RandomDocumentsMatchDumpHoweverTheyAreSplit) {

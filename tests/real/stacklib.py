@@ -1,0 +1,74 @@
+"""Shared helpers for the real-stack tests (run under .venv/bin/python: torch 2.13 and the real
+libraries). Fixtures are written at test time by the library under test; results are loaded back
+by that same library."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+CKPTOOL = os.environ.get("CKPTOOL") or os.path.join(ROOT, "build", "ckptool")
+SANITIZED = os.environ.get("CKPT_SANITIZED", "0") in ("1", "ON", "TRUE", "true")
+
+
+def run(*args, expect=0, env=None, timeout=600):
+    """Runs ckptool; asserts the exit code when `expect` is not None."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    p = subprocess.run([CKPTOOL, *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env=full_env)
+    if expect is not None and p.returncode != expect:
+        raise AssertionError(
+            f"ckptool {' '.join(map(str, args))} exited {p.returncode}, expected {expect}\n"
+            f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}")
+    return p
+
+
+def run_json(*args, expect=0):
+    return json.loads(run(*args, "--json", expect=expect).stdout)
+
+
+def python(script, *args, cwd=None, env=None, timeout=900):
+    """Runs a Python snippet in a fresh interpreter of this venv (torch state, process groups
+    and RNG start clean); returns its stdout. Raises with the output on failure."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONWARNINGS", "ignore")
+    p = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
+                       text=True, cwd=cwd, env=full_env, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"python snippet failed ({p.returncode})\nstdout:\n{p.stdout[-4000:]}"
+                             f"\nstderr:\n{p.stderr[-6000:]}")
+    return p.stdout
+
+
+class TempDirTest(unittest.TestCase):
+    """A test case with self.tmp, a fresh folder removed afterwards."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ckpt-real-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp, *parts)
+
+
+def assert_same_tensors(case, a, b, msg=""):
+    """Two name -> tensor dicts hold the same names, dtypes, shapes and bytes."""
+    import torch
+    case.assertEqual(sorted(a), sorted(b), msg)
+    for k in a:
+        x, y = a[k], b[k]
+        case.assertEqual(x.dtype, y.dtype, f"{msg} {k}")
+        case.assertEqual(tuple(x.shape), tuple(y.shape), f"{msg} {k}")
+        case.assertTrue(torch.equal(as_bytes(x), as_bytes(y)), f"{msg} {k}: bytes differ")
+
+
+def as_bytes(t):
+    """A tensor's values as raw bytes (NaN payloads and -0.0 compared exactly)."""
+    import torch
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)

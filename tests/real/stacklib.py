@@ -72,3 +72,33 @@ def as_bytes(t):
     """A tensor's values as raw bytes (NaN payloads and -0.0 compared exactly)."""
     import torch
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+CACHE = os.environ.get("CKPT_FIXTURE_CACHE") or os.path.join(ROOT, ".cache", "real-fixtures")
+
+
+def fixture(name, script, *args, into):
+    """Copies into `into` (a folder, created) what `script` writes when run as
+    `python -c script OUT *args` with OUT an empty folder. The script runs once per distinct
+    (script, args, requirements.txt): the result is kept under .cache/real-fixtures/ so that
+    the normal and the sanitizer runs of the suite train each model once. Tests only ever see
+    a fresh copy, so nothing they do reaches the cache. Returns `into`."""
+    import fcntl
+    import hashlib
+    h = hashlib.sha256()
+    for part in (script, *map(str, args)):
+        h.update(part.encode() + b"\0")
+    with open(os.path.join(ROOT, "requirements.txt"), "rb") as f:
+        h.update(f.read())
+    done = os.path.join(CACHE, f"{name}-{h.hexdigest()[:16]}")
+    os.makedirs(CACHE, exist_ok=True)
+    with open(os.path.join(CACHE, f".{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(done):
+            work = done + ".partial"
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            python(script, work, *args, cwd=work)
+            os.rename(work, done)
+    shutil.copytree(done, into, symlinks=True, dirs_exist_ok=True)
+    return into

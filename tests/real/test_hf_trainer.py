@@ -177,6 +177,32 @@ class HFTrainerTest(TempDirTest):
         self.assertEqual(tree(src), want, "restored folder differs (bytes or modes)")
         self.assertResumesExactly(src, "decompressed")
 
+    # -- prune ---------------------------------------------------------------------------------
+
+    def test_prune_keep_last(self):
+        root = self.copy_run()
+        before = tree(root)
+        r = run("prune", root, "--keep-last", "1")
+        self.assertIn("checkpoint-6", r.stdout)
+        self.assertEqual(tree(root), before, "a dry run changed files")
+        run("prune", root, "--keep-last", "1", "--yes")
+        self.assertEqual(sorted(os.listdir(root)), [f"checkpoint-{H.MAX_STEPS}"])
+        self.assertEqual(tree(os.path.join(root, f"checkpoint-{H.MAX_STEPS}")), tree(self.ck9))
+
+    def test_prune_strip_older(self):
+        """prune --strip-older on the Trainer's output_dir: the older checkpoint keeps only what
+        from_pretrained needs, the newest stays whole, and prune succeeds."""
+        root = self.copy_run()
+        r = run("prune", root, "--keep-last", "2", "--strip-older", "1", "--yes", expect=None)
+        ck6 = os.path.join(root, f"checkpoint-{H.RESUME_AT}")
+        self.assertEqual(sorted(os.listdir(ck6)), sorted(set(os.listdir(self.ck6)) - set(TRAINING_FILES)))
+        self.assertEqual(tree(os.path.join(root, f"checkpoint-{H.MAX_STEPS}")), tree(self.ck9))
+        got, _ = model_weights(ck6)
+        want, _ = model_weights(self.ck6)
+        assert_same_object(self, want, got, "stripped by prune")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("checkpoint-6", r.stdout, "no plan printed")
+
     # -- strip ---------------------------------------------------------------------------------
 
     def test_strip_checkpoint_folder_succeeds(self):

@@ -186,6 +186,25 @@ class LightningTest(TempDirTest):
         for k, t in st.items():
             assert_converted(self, t, self.final[k], torch.bfloat16, k)
 
+    def test_prune(self):
+        """prune --keep-last 2 --strip-older 1 on ckpts/, --keep-last 1 on best/ (symlinked
+        last.ckpt): the right files go, the stripped one still loads, the link's target stays."""
+        root = self.path("ckpts")
+        shutil.copytree(self.ckpts, root, symlinks=True)
+        run("prune", root, "--keep-last", "2", "--strip-older", "1", "--yes")
+        self.assertEqual(sorted(os.listdir(root)), sorted(["epoch=2-step=12.ckpt", LAST_NAME, "last.ckpt"]))
+        for name in (LAST_NAME, "last.ckpt"):
+            self.assertEqual(sha256(os.path.join(root, name)), sha256(os.path.join(self.ckpts, name)), name)
+        stripped = torch_load(os.path.join(root, "epoch=2-step=12.ckpt"))
+        for key in TRAINING_KEYS:
+            self.assertNotIn(key, stripped)
+        R.TinyLit.load_from_checkpoint(os.path.join(root, "epoch=2-step=12.ckpt"))
+        best = self.path("best")
+        shutil.copytree(self.best, best, symlinks=True)
+        run("prune", best, "--keep-last", "1", "--yes")
+        self.assertEqual(sorted(os.listdir(best)), sorted([f"best-{LAST_NAME}", "last.ckpt"]))
+        self.assertEqual(os.readlink(os.path.join(best, "last.ckpt")), f"best-{LAST_NAME}")
+
     def test_strip_then_load_from_checkpoint(self):
         src = os.path.join(self.ckpts, LAST_NAME)
         out = self.path("stripped.ckpt")

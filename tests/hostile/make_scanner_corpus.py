@@ -592,7 +592,7 @@ def modelscan_payloads():
 
 def collect_modelscan(c, git):
     for name, data, expect, why, test, kw in modelscan_payloads():
-        c.add("modelscan", name, data, origin("modelscan", "tests/test_modelscan.py", test),
+        c.add("modelscan", name, data, origin("modelscan", "tests/test_modelscan.py", f"{test}: {name}"),
               expect, why, extra={"_key": name}, **kw)
     path = "tests/data/unsafe_zip_pytorch.pt"
     members = zip_members(git.show(path))

@@ -17,7 +17,7 @@ import real_lit_train as R  # noqa: E402
 import torch  # noqa: E402
 
 from real_common import (apply, assert_converted, assert_report_matches, assert_same_object,  # noqa: E402
-                         assert_same_sharing, float_bits, inspect_one, raw, read_json, read_source,
+                         assert_same_sharing, inspect_one, raw, read_json, read_source,
                          sha256, torch_load, tree, write_policy)
 from stacklib import TempDirTest, fixture, run, run_json  # noqa: E402
 

@@ -3,9 +3,7 @@ save_model / save, safetensors.numpy.save_file and huggingface_hub.save_torch_st
 with an index) are read right by ckptool (inspect --json names, dtypes, shapes, metadata; verify);
 every safetensors file ckptool writes (export of torch files, convert of safetensors files and
 folders) loads with safetensors.torch.load_file and safe_open and equals its source."""
-import json
 import os
-import shutil
 import sys
 import unittest
 

@@ -30,8 +30,12 @@ Runner AddWatch(CLI::App& app);
 // values that name an existing file or folder are moved back to `paths`.
 void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& paths);
 
-// Flags every rewriting command shares: -j, --json, --allow-unsafe-globals.
-void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals);
+// Flags every rewriting command shares: -j, --json, --allow-unsafe-globals, --trust.
+void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals,
+                     std::vector<std::string>* trust);
+
+// --trust MODULE_GLOB...: calls into these modules are accepted (verify, inspect, rewriters).
+void AddTrustFlag(CLI::App& app, std::vector<std::string>* trust);
 
 // Bytes in MiB (2^20), as the reference tool prints them.
 inline double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }

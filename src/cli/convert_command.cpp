@@ -32,6 +32,7 @@ struct ConvertCliOptions {
   unsigned threads = DefaultThreads();
   bool json = false;
   bool allow_unsafe_globals = false;
+  std::vector<std::string> trust;
 };
 
 int RunConvert(ConvertCliOptions o) {
@@ -47,6 +48,7 @@ int RunConvert(ConvertCliOptions o) {
   co.only = o.only;
   co.keep_1d = o.keep_1d;
   co.allow_unsafe_globals = o.allow_unsafe_globals;
+  co.trust.patterns = o.trust;
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype);
   if (tree.checkpoints.empty()) {
     PrintError("no checkpoints to convert");
@@ -146,7 +148,7 @@ Runner AddConvert(CLI::App& app) {
   app.add_option("--keep", o->keep, "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
   app.add_option("--only", o->only, "Convert only tensors whose name matches one of these globs");
   app.add_flag("--keep-1d", o->keep_1d, "Keep 1-D tensors (norms, biases) in float32");
-  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
   return [o] { return RunConvert(*o); };
 }
 

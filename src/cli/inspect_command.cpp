@@ -25,6 +25,7 @@ struct InspectCliOptions {
   std::vector<std::string> paths;
   bool json = false;
   size_t top = 20;
+  std::vector<std::string> trust;
 };
 
 // What inspect was given: .ckz archives (described from their index, without decoding),
@@ -65,7 +66,7 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
       deepspeed::ZeroCheckpoint z =
           deepspeed::OpenZeroCheckpoint(path, "", [&](const CheckpointFile& f) {
             try {
-              described.insert_or_assign(key(f.path), BuildReport(f, o.top));
+              described.insert_or_assign(key(f.path), BuildReport(f, o.top, torch::Trust{o.trust}));
             } catch (const Error&) {
               // Described (with its error) when the file is read on its own below.
             }
@@ -84,7 +85,7 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
         r.path = path;
         described.erase(it);
       } else {
-        r = BuildReport(OpenCheckpoint(path), o.top);  // the largest o.top rows
+        r = BuildReport(OpenCheckpoint(path), o.top, torch::Trust{o.trust});  // the largest o.top rows
       }
       print(RenderText(r, o.top));
     } catch (const Error& e) {
@@ -114,7 +115,7 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
 // JSON: one document {"files": [...], "archives": [...], "zero": [...], "dcp": [...]} (keys
 // after "files" only when there is something under them), written as each checkpoint is
 // described and then freed: every row of every file, yet memory bounded by one checkpoint.
-int InspectJson(const Inputs& in) {
+int InspectJson(const InspectCliOptions& o, const Inputs& in) {
   int rc = 0;
   JsonStream out([](std::string_view text) { std::cout.write(text.data(), text.size()); });
   out.BeginObject();
@@ -139,7 +140,7 @@ int InspectJson(const Inputs& in) {
   section(
       "files", in.files, "path",
       [&](const std::string& path) {
-        FileReport r = BuildReport(OpenCheckpoint(path), SIZE_MAX);  // every row
+        FileReport r = BuildReport(OpenCheckpoint(path), SIZE_MAX, torch::Trust{o.trust});  // every row
         WriteJson(out, r);
       },
       true);
@@ -171,7 +172,7 @@ int RunInspect(const InspectCliOptions& o) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
-  return o.json ? InspectJson(in) : InspectText(o, in);
+  return o.json ? InspectJson(o, in) : InspectText(o, in);
 }
 
 }  // namespace
@@ -185,6 +186,7 @@ Runner AddInspect(CLI::App& app) {
   app.add_flag("--json", o->json, "Print one JSON document");
   app.add_option("-n,--top", o->top, "Rows in the largest-tensor and rollup tables")
       ->capture_default_str();
+  AddTrustFlag(app, &o->trust);
   return [o] { return RunInspect(*o); };
 }
 

@@ -32,11 +32,22 @@ void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& pat
   globs = std::move(kept);
 }
 
-void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals) {
+void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals,
+                     std::vector<std::string>* trust) {
   app.add_option("-j,--threads", *threads, "Threads")->capture_default_str();
   app.add_flag("--json", *json, "Print a JSON report");
   app.add_flag("--allow-unsafe-globals", *allow_unsafe_globals,
                "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  AddTrustFlag(app, trust);
+}
+
+void AddTrustFlag(CLI::App& app, std::vector<std::string>* trust) {
+  app.add_option("--trust", *trust,
+                 "Accept calls into these modules when loaded (globs: 'myproject', "
+                 "'myproject.*', 'pkg.mod.Class'); never lifts the deny list")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 void PrintJson(const nlohmann::ordered_json& doc) {

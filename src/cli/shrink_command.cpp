@@ -31,6 +31,7 @@ struct ShrinkCliOptions {
   std::string output_dir;
   unsigned threads = DefaultThreads();
   bool allow_unsafe_globals = false;
+  std::vector<std::string> trust;
   bool materialize = false;
 };
 
@@ -95,6 +96,7 @@ int RunShrink(ShrinkCliOptions o) {
   so.output_dir = o.output_dir;
   so.threads = batch.threads_per_file();
   so.allow_unsafe_globals = o.allow_unsafe_globals;
+  so.trust.patterns = o.trust;
   so.materialize = o.materialize;
   so.bytes_done = batch.bytes_done();
   std::vector<ShrinkResult> results(files.size());
@@ -158,7 +160,7 @@ Runner AddShrink(CLI::App& app) {
   app.add_flag("--materialize", o->materialize,
                "Lay out non-contiguous views that share bytes with nothing else contiguously "
                "when that is smaller (their strides change; off by default)");
-  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
   return [o] { return RunShrink(*o); };
 }
 

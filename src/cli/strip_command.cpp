@@ -33,6 +33,7 @@ struct StripCliOptions {
   bool json = false;
   unsigned threads = DefaultThreads();
   bool allow_unsafe_globals = false;
+  std::vector<std::string> trust;
 };
 
 int RunStrip(StripCliOptions o) {
@@ -54,6 +55,7 @@ int RunStrip(StripCliOptions o) {
   so.dry_run = o.dry_run;
   so.output = o.output;
   so.allow_unsafe_globals = o.allow_unsafe_globals;
+  so.trust.patterns = o.trust;
   StripTargets targets = CollectStripTargets(o.paths);
   std::vector<std::string>& files = targets.files;
   const std::vector<std::string>& training_files = targets.training_files;
@@ -157,7 +159,7 @@ Runner AddStrip(CLI::App& app) {
   app.add_flag("--dry-run", o->dry_run, "Show what would go; write nothing");
   app.add_flag("--delete-files", o->delete_files,
                "In folders, delete training-only files (optimizer.pt, *optim_states.pt...)");
-  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals);
+  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
   return [o] { return RunStrip(*o); };
 }
 

@@ -27,6 +27,7 @@ struct VerifyCliOptions {
   std::vector<std::string> paths;
   unsigned threads = DefaultThreads();
   bool quiet = false;
+  std::vector<std::string> trust;
 };
 
 // One checkpoint to verify and what verifying it found. `failed` holds an error that
@@ -52,7 +53,7 @@ void from_json(const nlohmann::json& j, Found& f) {
   j.at("internal").get_to(f.internal);
 }
 
-VerifyOutcome Check(const Item& item, unsigned threads) {
+VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trust) {
   const std::string& path = item.path;
   switch (item.kind) {
     case Item::kArchive: {
@@ -68,7 +69,7 @@ VerifyOutcome Check(const Item& item, unsigned threads) {
     }
     case Item::kFile: {
       CheckpointFile f = OpenCheckpoint(path);
-      VerifyResult r = Verify(f, threads);
+      VerifyResult r = Verify(f, threads, trust);
       std::string what = f.format == Format::kTorchZip
                              ? fmt::format("{} records, {} CRC-checked", r.records_checked,
                                            HumanBytes(r.bytes_checked))
@@ -160,9 +161,10 @@ int RunVerify(const VerifyCliOptions& o) {
     return true;
   };
   const bool live = !cluster::Distributed();
+  const torch::Trust trust{o.trust};
   for (size_t i : spread.mine()) {
     try {
-      found[i].outcome = Check(items[i], o.threads);
+      found[i].outcome = Check(items[i], o.threads, trust);
     } catch (const Error& e) {
       found[i].failed = e.what();
     } catch (const std::filesystem::filesystem_error& e) {
@@ -197,6 +199,7 @@ Runner AddVerify(CLI::App& app) {
   app.add_option("paths", o->paths, "Checkpoint files or folders")->required();
   app.add_option("-j,--threads", o->threads, "Threads for CRC checking")->capture_default_str();
   app.add_flag("-q,--quiet", o->quiet, "Print only problems");
+  AddTrustFlag(app, &o->trust);
   return [o] { return RunVerify(*o); };
 }
 

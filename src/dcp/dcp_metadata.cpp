@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "dcp/dcp_checkpoint.h"
 #include "pickle/parser.h"
+#include "torch/pickle_read.h"
 
 namespace ckpt::dcp {
 
@@ -113,7 +114,7 @@ NodeId Field(const Graph& g, NodeId obj, std::string_view name) {
 
 Metadata ParseMetadata(Bytes bytes) {
   Metadata m;
-  pickle::ParseResult parsed = pickle::Parse(bytes);
+  pickle::ParseResult parsed = torch::ParseTorchPickle(bytes, 0);
   if (parsed.leftover)
     Fail("the metadata pickle is damaged ({} values left on its stack)", parsed.leftover);
   m.graph = std::move(parsed.graph);

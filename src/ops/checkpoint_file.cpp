@@ -9,6 +9,7 @@
 #include "base/perf.h"
 #include "dcp/dcp_checkpoint.h"
 #include "io/temp_files.h"
+#include "torch/pickle_read.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt {
@@ -70,6 +71,14 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
     if (!format) {
       if (bytes.size() >= 4 && LoadLE<uint32_t>(bytes.data()) == 0x04034b50) {
         Fail("zip archive without a data.pkl record: not a torch checkpoint");
+      }
+      // torch.load hands every file that is not a zip to pickle.load before it checks for
+      // its magic number: say what that would run.
+      std::string effects = torch::EffectsOfFirstPickle(bytes.first(std::min<size_t>(bytes.size(), 64u << 20)));
+      if (!effects.empty()) {
+        Fail("not a checkpoint (no torch magic number), but torch.load would unpickle it, and "
+             "the pickle {}",
+             effects);
       }
       if (bytes.size() >= 1 && bytes[0] == 0x80) {
         Fail("a bare pickle, not a torch checkpoint (no torch magic number)");

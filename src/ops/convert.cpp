@@ -38,7 +38,7 @@ std::string JoinNames(const std::vector<std::string>& names, size_t max = 3) {
 
 ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const ConvertOptions& o,
                            ConvertResult r) {
-  CheckRewritable(f, o.allow_unsafe_globals);
+  CheckRewritable(f, o.allow_unsafe_globals, o.trust);
   const torch::Model& m = f.torch->model;
   ShrinkPlan plan = PlanShrink(*f.torch);
   RewritePlan& rp = plan.rewrite;

@@ -4,6 +4,8 @@
 // only used spans are written (the shrink plan underneath).
 #pragma once
 
+#include "torch/global_policy.h"
+
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -21,6 +23,7 @@ struct ConvertOptions {
   bool keep_1d = false;           // 1-D tensors (norms, biases) stay float32
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
+  torch::Trust trust;  // modules whose calls are accepted (--trust)
   std::atomic<uint64_t>* bytes_done = nullptr;
 };
 

@@ -91,17 +91,36 @@ std::string RenderText(const FileReport& r, size_t top_n) {
   if (!r.globals.empty()) {
     out += "\n  GLOBALS (what unpickling imports)\n";
     for (const GlobalRow& g : r.globals) {
-      const char* mark =
-          g.cls == torch::GlobalClass::kUnsafe  ? "UNSAFE: can run code or reach the system"
-          : g.cls == torch::GlobalClass::kOther ? "not on torch's weights_only allowlist"
-                                                : "";
+      const char* mark = "";
+      switch (g.verdict) {
+        case torch::Verdict::kUnsafe:
+          mark = "UNSAFE: can run code or reach the system";
+          break;
+        case torch::Verdict::kCalls:
+          mark = "UNSAFE: called when loaded, on no allowlist";
+          break;
+        case torch::Verdict::kReconstructed:
+          mark = "rebuilt from its state; not on torch's weights_only allowlist";
+          break;
+        case torch::Verdict::kReferenced:
+          mark = "not on torch's weights_only allowlist";
+          break;
+        case torch::Verdict::kAllowed:
+          mark = "on ckptool's allowlist; not on torch's weights_only allowlist";
+          break;
+        case torch::Verdict::kTrusted:
+          mark = "trusted (--trust); not on torch's weights_only allowlist";
+          break;
+        case torch::Verdict::kWeightsOnly:
+          break;
+      }
       out += fmt::format("    {:<56} {}\n", Printable(g.name), mark);
     }
   }
   if (!r.unsafe_calls.empty()) {
     out +=
-        "\n  UNSAFE CALLS (computed objects called, unsafe attribute reads: how gadget chains run "
-        "code)\n";
+        "\n  UNSAFE CALLS (what loading calls that can run code: globals on no allowlist, computed "
+        "objects, unsafe attribute reads)\n";
     constexpr size_t kShown = 20;
     for (size_t i = 0; i < r.unsafe_calls.size() && i < kShown; ++i) {
       out += fmt::format("    pickle offset {}: {}\n", r.unsafe_calls[i].pickle_offset,
@@ -192,6 +211,7 @@ void WriteJson(JsonStream& out, const FileReport& r) {
     detail.push_back({{"name", g.name},
                       {"raw", g.raw},
                       {"class", torch::GlobalClassName(g.cls)},
+                      {"verdict", torch::VerdictName(g.verdict)},
                       {"getattr", g.getattr}});
     if (g.cls == torch::GlobalClass::kUnsafe) unsafe.push_back(g.name);
     if (g.cls != torch::GlobalClass::kTorchAllowed) refused.push_back(g.name);

@@ -96,15 +96,16 @@ void FinishByteMap(FileReport& r) {
 }
 
 // `release`: the graph to free once it has been read (the file's own, or null).
-void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper, pickle::Graph* release) {
+void FromTorch(const CheckpointFile& f, FileReport& r, RowKeeper& keeper, pickle::Graph* release,
+               const torch::Trust& trust) {
   size_t keep = keeper.keep;
   const torch::TorchFile& tf = *f.torch;
   const torch::Model& m = tf.model;
   RollupIndex by_dtype(r.by_dtype), by_key(r.by_key);
   r.pickle_protocol = m.graph.protocol;
-  torch::PickleScan scan = torch::ScanPickle(m.graph);
+  torch::PickleScan scan = torch::ScanPickle(m.graph, trust);
   for (torch::ImportedName& n : scan.names) {
-    r.globals.push_back({std::move(n.name), std::move(n.raw), n.cls, n.getattr});
+    r.globals.push_back({std::move(n.name), std::move(n.raw), n.cls, n.getattr, n.verdict});
   }
   for (const torch::UnsafeFinding& u : scan.findings) {
     if (m.graph.kind(u.node) == pickle::Kind::kObject) {
@@ -249,14 +250,15 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) 
   }
 }
 
-FileReport Build(const CheckpointFile& f, size_t keep_rows, pickle::Graph* release) {
+FileReport Build(const CheckpointFile& f, size_t keep_rows, pickle::Graph* release,
+                 const torch::Trust& trust) {
   FileReport r;
   r.path = f.path;
   r.format = f.format;
   r.file_bytes = f.map.size();
   RowKeeper keeper;
   keeper.keep = keep_rows;
-  if (f.torch) FromTorch(f, r, keeper, release);
+  if (f.torch) FromTorch(f, r, keeper, release, trust);
   if (f.st) FromSafetensors(f, r, keeper);
   if (keep_rows != SIZE_MAX) PruneRows(r.tensors, keep_rows);
   r.wasted_bytes = r.storage_bytes - r.used_bytes;
@@ -276,12 +278,12 @@ FileReport Build(const CheckpointFile& f, size_t keep_rows, pickle::Graph* relea
 
 }  // namespace
 
-FileReport BuildReport(const CheckpointFile& f, size_t keep_rows) {
-  return Build(f, keep_rows, nullptr);
+FileReport BuildReport(const CheckpointFile& f, size_t keep_rows, const torch::Trust& trust) {
+  return Build(f, keep_rows, nullptr, trust);
 }
 
-FileReport BuildReport(CheckpointFile&& f, size_t keep_rows) {
-  return Build(f, keep_rows, f.torch ? &f.torch->model.graph : nullptr);
+FileReport BuildReport(CheckpointFile&& f, size_t keep_rows, const torch::Trust& trust) {
+  return Build(f, keep_rows, f.torch ? &f.torch->model.graph : nullptr, trust);
 }
 
 }  // namespace ckpt

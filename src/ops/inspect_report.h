@@ -48,10 +48,11 @@ struct GlobalRow {
   std::string raw;   // as in the stream: "__builtin__.set", "pkg.Color.RED"
   torch::GlobalClass cls = torch::GlobalClass::kOther;
   bool getattr = false;
+  torch::Verdict verdict = torch::Verdict::kReferenced;
 };
 
-// A finding on a call (see torch::ScanPickle): a computed object called, or an unsafe
-// attribute read; unsafe imports are GlobalRows.
+// A finding on a call (see torch::ScanPickle): a global on no allowlist called, a computed
+// object called, or an unsafe attribute read; unsafe imports are GlobalRows.
 struct UnsafeCallRow {
   uint64_t pickle_offset = 0;
   std::string what;
@@ -89,9 +90,11 @@ struct FileReport {
 
 // keep_rows: how many tensor rows to keep (the largest); the text report lists only the top
 // few, and at 10^5 tensors a row per name would cost as much memory as the model.
-FileReport BuildReport(const CheckpointFile& file, size_t keep_rows = SIZE_MAX);
+FileReport BuildReport(const CheckpointFile& file, size_t keep_rows = SIZE_MAX,
+                       const torch::Trust& trust = {});
 // The same, freeing the file's parsed pickle once the globals are read from it, before the
 // rows are made: a report of every row (--json) then peaks no higher than reading did.
-FileReport BuildReport(CheckpointFile&& file, size_t keep_rows = SIZE_MAX);
+FileReport BuildReport(CheckpointFile&& file, size_t keep_rows = SIZE_MAX,
+                       const torch::Trust& trust = {});
 
 }  // namespace ckpt

@@ -4,10 +4,12 @@
 #pragma once
 
 #include "ops/checkpoint_file.h"
+#include "torch/global_policy.h"
 
 namespace ckpt {
 
 // Throws ckpt::Error naming the file and the reason.
-void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals);
+void CheckRewritable(const CheckpointFile& f, bool allow_unsafe_globals,
+                     const torch::Trust& trust = {});
 
 }  // namespace ckpt

@@ -269,7 +269,7 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   CheckpointFile f = OpenCheckpoint(path);
   r.before = r.after = f.map.size();
   if (!f.torch) Fail("{}: safetensors files hold only tensors; nothing to strip", path);
-  CheckRewritable(f, o.allow_unsafe_globals);
+  CheckRewritable(f, o.allow_unsafe_globals, o.trust);
   torch::TorchFile& tf = *f.torch;
   {
     // Storage bytes and every name that reaches them, before; what went is credited to the

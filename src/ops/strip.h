@@ -3,6 +3,8 @@
 // disappear, the rest is written as shrink writes it (used spans only, aliasing kept).
 #pragma once
 
+#include "torch/global_policy.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@ struct StripOptions {
   std::string output;  // empty: in place
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
+  torch::Trust trust;  // modules whose calls are accepted (--trust)
 };
 
 struct DroppedEntry {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/checkpoint_file.h"
+#include "torch/global_policy.h"
 #include "torch/model.h"
 
 namespace ckpt {
@@ -19,7 +20,7 @@ struct VerifyResult {
   uint64_t bytes_checked = 0;  // bytes whose CRC32 was computed
 };
 
-VerifyResult Verify(const CheckpointFile& file, unsigned threads);
+VerifyResult Verify(const CheckpointFile& file, unsigned threads, const torch::Trust& trust = {});
 
 // What verifying one checkpoint (file, folder or archive) found, as `ckptool verify` prints
 // it for every kind: one line per problem ("path: where: what"), else the OK line, then notes.

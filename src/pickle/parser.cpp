@@ -1,13 +1,11 @@
 #include "pickle/parser.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <unordered_map>
 
 #include "base/checked.h"
+#include "base/utf8.h"
 #include "pickle/opcodes.h"
 #include "pickle/text_codec.h"
 
@@ -17,32 +15,61 @@ namespace {
 
 class Parser {
  public:
-  Parser(Bytes data, uint64_t base, const Limits& limits) : c_(data, base), limits_(limits) {
+  Parser(Bytes data, uint64_t base, const Limits& limits, const Reading& reading)
+      : r_(data, base, reading.frames), limits_(limits), apply_patches_(reading.apply_patches) {
     // Text is copied out of the stream at most once per opcode: reserving the stream's size
     // (capped: a legacy file's span runs to its end) spares the doubling copies of a text of
     // many MiB. Pages never written stay address space, not memory.
     g_.strings.reserve(std::min<size_t>(data.size(), size_t{256} << 20));
   }
 
-  ParseResult Run() {
-    for (;;) {
-      op_offset_ = c_.file_pos();
-      uint8_t code = c_.ReadU8();
-      if (code == op::kStop) break;
-      Step(code);
+  PartialParse Run() {
+    PartialParse out;
+    try {
+      for (;;) {
+        op_offset_ = r_.file_pos();
+        r_.BeginOpcode();
+        ++opcodes_;
+        uint8_t code = r_.ReadU8();
+        if (code == op::kStop) break;
+        Step(code);
+      }
+      NodeId root = Pop();
+      out.result.leftover = stack_.size() + marks_.size();
+      out.result.frame_rest = r_.frame_left();
+      out.result.graph.root = root;
+    } catch (const FrameDivergence& e) {
+      out.error = e.what();
+      out.diverged = true;
+    } catch (const Tampered& e) {
+      out.error = e.what();
+      out.patched = true;
+    } catch (const ckpt::Error& e) {
+      out.error = e.what();
     }
-    NodeId root = Pop();
-    ParseResult r;
-    r.leftover = stack_.size() + marks_.size();
-    r.graph = std::move(g_);
-    r.graph.root = root;
-    r.end = c_.pos();
-    return r;
+    out.result.anomalies = std::move(anomalies_);
+    for (std::string& a : r_.anomalies()) out.result.anomalies.push_back(std::move(a));
+    NodeId root = out.result.graph.root;
+    out.result.graph = std::move(g_);
+    out.result.graph.root = root;
+    out.result.end = r_.pos();
+    return out;
   }
 
  private:
   [[noreturn]] void Error(const std::string& what) {
     Fail("pickle offset {}: {}", op_offset_, what);
+  }
+  // Modifying an imported object: refused, or applied in the apply_patches reading.
+  class Tampered : public ckpt::Error {
+   public:
+    using ckpt::Error::Error;
+  };
+  [[noreturn]] void Refuse(const std::string& what) {
+    throw Tampered(fmt::format("pickle offset {}: {}", op_offset_, what));
+  }
+  void Anomaly(const std::string& what) {
+    if (anomalies_.size() < 16) anomalies_.push_back(fmt::format("pickle offset {}: {}", op_offset_, what));
   }
 
   // ---- node creation: every new node goes through Track() for limits and depth ----
@@ -51,11 +78,13 @@ class Parser {
       Error(fmt::format("more than {} objects (limit)", limits_.max_nodes));
     }
     depth_.push_back(1);
+    unhashable_.push_back(0);
     return id;
   }
   NodeId NewNode(Kind kind) { return Track(g_.Add(kind, op_offset_)); }
   NodeId NewCompound(Kind kind) { return Track(g_.AddCompound(kind, op_offset_)); }
   Compound& C(NodeId id) { return g_.mutable_compound(id); }
+  static std::string_view Text(Bytes b) { return AsText(b); }
   NodeId NewText(Kind kind, std::string_view text) {
     return Track(g_.AddText(kind, text, op_offset_));
   }
@@ -71,7 +100,19 @@ class Parser {
   // A container made from `children`; its depth is one more than its deepest child.
   NodeId NewSequence(Kind kind, const std::vector<NodeId>& children) {
     if (kind == Kind::kDict && children.size() % 2) Error("DICT with an odd number of items");
+    if (kind == Kind::kDict) {
+      for (size_t i = 0; i < children.size(); i += 2) NeedHashable(children[i], "DICT key");
+    } else if (kind == Kind::kFrozenSet) {
+      for (NodeId ch : children) NeedHashable(ch, "FROZENSET item");
+    }
     NodeId id = kind == Kind::kTuple ? Track(g_.AddTuple(children, op_offset_)) : NewCompound(kind);
+    // Python's hash: lists, dicts, sets and bytearrays have none; a tuple has one when all its
+    // items do. (Objects of other classes are assumed hashable: their class decides.)
+    if (kind == Kind::kList || kind == Kind::kDict || kind == Kind::kSet) {
+      unhashable_[id] = 1;
+    } else if (kind == Kind::kTuple) {
+      for (NodeId ch : children) unhashable_[id] |= unhashable_[ch];
+    }
     uint32_t depth = 0;
     for (NodeId ch : children) depth = std::max<uint32_t>(depth, depth_[ch]);
     SetDepth(id, depth + 1);
@@ -157,41 +198,44 @@ class Parser {
   }
 
   // ---- helpers ----
-  uint64_t ParseDecimal(std::string_view s) {
-    uint64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc() || p != s.data() + s.size())
-      Error("bad decimal '" + std::string(s) + "'");
-    return v;
+  // A line of a protocol-0 opcode: _pickle.c refuses an empty one (bad_readline).
+  std::string_view Line() {
+    std::string_view line = r_.ReadLine();
+    if (line.empty()) Error("empty line where a value was expected (pickle data was truncated)");
+    return line;
   }
-  // INT as CPython's unpickler reads it (_pickle.c load_int): C's strtol with base 0, so
-  // "010" is 8 and "0x10" is 16; two characters that say 0 or 1 ("00", "01", "+1") are the
-  // protocol-0 spelling of False and True; past a long, Python's int().
-  NodeId IntOpcode(std::string_view s) {
-    std::string text(s);
-    errno = 0;
-    char* end = nullptr;
-    long long v = std::strtoll(text.c_str(), &end, 0);
-    if (errno == 0 && end != text.c_str() && *end == '\0') {
-      if (s.size() == 2 && (v == 0 || v == 1)) return NewBool(v == 1);
+  // INT (_pickle.c load_int): C's strtol(s, &end, 0) when it takes the whole line, where a
+  // two-character line of value 0 or 1 ("00", "01", " 1") is the protocol-0 bool; else
+  // PyLong_FromString(s, NULL, 0).
+  NodeId IntOpcode(std::string_view line) {
+    int64_t v = 0;
+    if (CStrtol(line, v)) {
+      if (line.size() == 2 && (v == 0 || v == 1)) return NewBool(v == 1);
       return NewInt(v);
     }
-    return IntFromText(s);
+    return PyLong(CString(line), 0, "INT");
   }
-  NodeId IntFromText(std::string_view s) {
-    while (!s.empty() && (s.back() == 'L' || s.back() == ' ' || s.back() == '\r')) {
-      s.remove_suffix(1);
-    }
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc() && p == s.data() + s.size()) return NewInt(v);
-    // One sign at most ("+5", "-5"; "++5" is no int, as for Python's int()).
+  NodeId PyLong(std::string_view text, int base, const char* opname) {
     std::string le;
-    if (!DecimalToTwosComplement(s, le))
-      Error("bad integer '" + std::string(s.substr(0, 40)) + "'");
-    // A value that fits in 64 bits is an int whatever its spelling, as LONG1 gives it.
-    if (le.size() <= 8) return IntFromBytes(AsBytes(le));
-    return NewText(Kind::kBigInt, le);
+    if (!PyLongFromString(text, base, le)) {
+      Error(fmt::format("{} argument '{}' is not an integer as Python reads it", opname,
+                        text.substr(0, 40)));
+    }
+    return IntFromBytes(AsBytes(le));
+  }
+  // PUT and GET (_pickle.c load_put, load_get): PyLong_FromString(s, NULL, 10), then
+  // PyLong_AsSsize_t.
+  uint64_t MemoKey(std::string_view line, const char* opname) {
+    std::string le;
+    if (!PyLongFromString(CString(line), 10, le) || le.size() > 8) {
+      Error(fmt::format("{} argument '{}' is not a memo index", opname, line.substr(0, 40)));
+    }
+    uint64_t u = 0;
+    for (size_t i = 0; i < le.size(); ++i) u |= static_cast<uint64_t>(static_cast<uint8_t>(le[i])) << (8 * i);
+    if (!le.empty() && (le.back() & 0x80)) {
+      Error(fmt::format("negative {} argument", opname));
+    }
+    return u;
   }
   NodeId IntFromBytes(Bytes b) {
     if (b.size() <= 8) {
@@ -217,10 +261,22 @@ class Parser {
     return id;
   }
   uint64_t ReadSize(uint64_t n) {
-    if (n > c_.remaining()) {
-      Error(fmt::format("length {} is larger than the {} bytes left", n, c_.remaining()));
+    if (n > r_.remaining()) {
+      Error(fmt::format("length {} is larger than the {} bytes left", n, r_.remaining()));
     }
     return n;
+  }
+  // Text of a str: BINUNICODE and friends are decoded as UTF-8 with "surrogatepass";
+  // STRING/BINSTRING as torch.load's encoding="utf-8" (strict).
+  std::string_view Unicode(std::string_view text) {
+    if (!ValidUtf8SurrogatePass(text)) Error("string is not UTF-8 (_pickle.c fails to decode it)");
+    return text;
+  }
+  std::string_view Utf8(std::string_view text) {
+    if (!ValidUtf8(text)) {
+      Error("8-bit string is not UTF-8: torch.load (encoding='utf-8') fails to decode it");
+    }
+    return text;
   }
 
   void Step(uint8_t code);
@@ -233,14 +289,60 @@ class Parser {
         "(monkey-patching); refused",
         g_.GlobalText(global));
   }
+  // _pickle.c hashes dict keys and set items (PyDict_SetItem, PySet_Add): an unhashable one
+  // raises TypeError there.
+  void NeedHashable(NodeId id, const char* what) {
+    if (unhashable_[id]) {
+      Error(fmt::format("{} is an unhashable {}: torch.load fails here (TypeError)", what,
+                        KindName(g_.kind(id))));
+    }
+  }
+  // A module, class or function named `module.name`, or, in the apply_patches reading, the
+  // value an earlier BUILD on that module set as that attribute.
+  NodeId Resolve(std::string_view module, std::string_view name) {
+    if (!patches_.empty()) {
+      auto it = patches_.find(fmt::format("{}.{}", module, name));
+      if (it != patches_.end()) return it->second;
+    }
+    return NewGlobal(module, name);
+  }
+  // BUILD on an imported object, applied as _pickle.c's load_build does without __setstate__:
+  // a dict state (or the slot state of a (state, slotstate) pair) sets attributes.
+  void ApplyPatch(NodeId global, NodeId state) {
+    std::string prefix = g_.GlobalText(global);
+    auto apply = [&](NodeId dict) {
+      if (dict == kNil || g_.kind(dict) != Kind::kDict) return;
+      const auto& p = g_.pairs(dict);
+      for (size_t i = 0; i + 1 < p.size(); i += 2) {
+        if (g_.kind(p[i]) == Kind::kStr) patches_[prefix + "." + std::string(g_.text(p[i]))] = p[i + 1];
+      }
+    };
+    if (g_.kind(state) == Kind::kTuple && g_.items(state).size() == 2) {
+      apply(g_.items(state)[0]);
+      apply(g_.items(state)[1]);
+    } else {
+      apply(state);
+    }
+  }
 
   // APPEND(S)/ADDITEMS/SETITEM(S): add values to the container (or object) on the stack top.
   void Extend(const char* opname, Kind container, bool pairs, std::vector<NodeId> values) {
     NodeId target = Top();
+    if (values.empty()) return;  // _pickle.c do_append/do_setitems/load_additems: nothing to do
     Kind k = g_.kind(target);
-    if (k == Kind::kGlobal) Error(fmt::format("{} on {}", opname, Tampering(target)));
+    if (k == Kind::kGlobal) Refuse(fmt::format("{} on {}", opname, Tampering(target)));
     if (k != container && k != Kind::kObject) Error(fmt::format("{} on a {}", opname, KindName(k)));
-    for (NodeId v : values) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      NodeId v = values[i];
+      if (k == Kind::kDict && i % 2 == 0) NeedHashable(v, "dict key");
+      if (k == Kind::kSet) NeedHashable(v, "set item");
+      // One reference cycle is ordinary Python data; a container holding itself again and
+      // again is the shape of a memory-expansion attack on code that walks the result.
+      if (v == target && (k == Kind::kList || k == Kind::kDict) && ++self_refs_[target] == 2) {
+        Anomaly(fmt::format("a {} that holds itself more than once: the shape of a memory-"
+                            "expansion attack on code that walks the object; no state dict has one",
+                            KindName(k)));
+      }
       if (pairs) {
         g_.ids.Push(g_.mutable_lists(target).pairs, v);
       } else {
@@ -250,12 +352,18 @@ class Parser {
     }
   }
 
-  ByteCursor c_;
+  StreamReader r_;
   Limits limits_;
   Graph g_;
   std::vector<NodeId> stack_;
   std::vector<size_t> marks_;
   std::vector<uint16_t> depth_;
+  std::vector<uint8_t> unhashable_;                   // per node: Python could not hash it
+  bool apply_patches_ = false;
+  std::unordered_map<std::string, NodeId> patches_;  // "module.attr" -> value BUILD set
+  std::vector<std::string> anomalies_;
+  std::unordered_map<NodeId, uint32_t> self_refs_;    // containers that hold themselves
+  uint64_t opcodes_ = 0;
   std::vector<NodeId> memo_dense_;                    // memo keys below its size
   std::unordered_map<uint64_t, NodeId> memo_sparse_;  // the others
   uint64_t memo_count_ = 0;                           // keys defined (what MEMOIZE uses)
@@ -265,14 +373,18 @@ class Parser {
 void Parser::Step(uint8_t code) {
   switch (code) {
     case op::kProto: {
-      uint8_t v = c_.ReadU8();
+      if (opcodes_ > 1) Anomaly("a PROTO opcode after the first opcode: no pickler writes one");
+      uint8_t v = r_.ReadU8();
       if (v > 5) Error(fmt::format("unsupported pickle protocol {}", v));
       g_.protocol = v;
       return;
     }
-    case op::kFrame:
-      ReadSize(c_.ReadLE<uint64_t>());
+    case op::kFrame: {
+      uint64_t n = r_.ReadLE<uint64_t>();
+      if (n > static_cast<uint64_t>(INT64_MAX)) Error("FRAME length exceeds the maximum");
+      r_.StartFrame(n);
       return;
+    }
     case op::kMark:
       if (marks_.size() >= limits_.max_depth) {
         Error(fmt::format("more than {} nested MARKs (limit)", limits_.max_depth));
@@ -303,83 +415,95 @@ void Parser::Step(uint8_t code) {
       Push(NewBool(false));
       return;
     case op::kInt:
-      Push(IntOpcode(c_.ReadLine()));
+      Push(IntOpcode(Line()));
       return;
     case op::kLong:
-      Push(IntFromText(c_.ReadLine()));
+    {
+      // _pickle.c load_long: one 'L' before the newline is dropped, then base-0 int().
+      std::string_view line = Line();
+      if (line.back() == 'L') line.remove_suffix(1);
+      Push(PyLong(CString(line), 0, "LONG"));
       return;
+    }
     case op::kBinInt:
-      Push(NewInt(c_.ReadLE<int32_t>()));
+      Push(NewInt(r_.ReadLE<int32_t>()));
       return;
     case op::kBinInt1:
-      Push(NewInt(c_.ReadU8()));
+      Push(NewInt(r_.ReadU8()));
       return;
     case op::kBinInt2:
-      Push(NewInt(c_.ReadLE<uint16_t>()));
+      Push(NewInt(r_.ReadLE<uint16_t>()));
       return;
     case op::kLong1:
-      Push(IntFromBytes(c_.Read(c_.ReadU8())));
+      Push(IntFromBytes(r_.Read(r_.ReadU8())));
       return;
     case op::kLong4: {
-      int32_t n = c_.ReadLE<int32_t>();
+      int32_t n = r_.ReadLE<int32_t>();
       if (n < 0) Error("negative LONG4 length");
-      Push(IntFromBytes(c_.Read(ReadSize(static_cast<uint64_t>(n)))));
+      Push(IntFromBytes(r_.Read(ReadSize(static_cast<uint64_t>(n)))));
       return;
     }
     case op::kFloat: {
-      std::string s(c_.ReadLine());
-      char* end = nullptr;
-      double v = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size()) Error("bad float '" + s + "'");
+      std::string_view line = Line();
+      double v = 0;
+      if (!PyStringToDouble(line, v)) {
+        Error(fmt::format("bad FLOAT '{}' (_pickle.c fails on it)", line.substr(0, 40)));
+      }
       Push(NewFloat(v));
       return;
     }
     case op::kBinFloat:
-      Push(NewFloat(std::bit_cast<double>(c_.ReadBE<uint64_t>())));
+      Push(NewFloat(std::bit_cast<double>(r_.ReadBE<uint64_t>())));
       return;
 
     case op::kString: {
       std::string out;
-      if (!DecodeQuotedString(c_.ReadLine(), out)) Error("bad STRING literal");
-      Push(NewText(Kind::kStr, out));
+      if (!DecodeQuotedString(r_.ReadLine(), out)) Error("bad STRING literal");
+      Push(NewText(Kind::kStr, Utf8(out)));
       return;
     }
     case op::kBinString: {
-      int32_t n = c_.ReadLE<int32_t>();
+      int32_t n = r_.ReadLE<int32_t>();
       if (n < 0) Error("negative BINSTRING length");
-      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(static_cast<uint64_t>(n)))));
+      Push(NewText(Kind::kStr, Utf8(Text(r_.Read(ReadSize(static_cast<uint64_t>(n)))))));
       return;
     }
     case op::kShortBinString:
-      Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8())));
+      Push(NewText(Kind::kStr, Utf8(Text(r_.Read(r_.ReadU8())))));
       return;
     case op::kUnicode: {
       std::string out;
-      DecodeRawUnicodeEscape(c_.ReadLine(), out);
+      if (!DecodeRawUnicodeEscape(r_.ReadLine(), out)) {
+        Error("UNICODE has a malformed \\u escape (_pickle.c fails on it)");
+      }
       Push(NewText(Kind::kStr, out));
       return;
     }
     case op::kBinUnicode:
-      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
+      Push(NewText(Kind::kStr, Unicode(Text(r_.Read(ReadSize(r_.ReadLE<uint32_t>()))))));
       return;
     case op::kShortBinUnicode:
-      Push(NewText(Kind::kStr, c_.ReadText(c_.ReadU8())));
+      Push(NewText(Kind::kStr, Unicode(Text(r_.Read(r_.ReadU8())))));
       return;
     case op::kBinUnicode8:
-      Push(NewText(Kind::kStr, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+      Push(NewText(Kind::kStr, Unicode(Text(r_.Read(ReadSize(r_.ReadLE<uint64_t>()))))));
       return;
+    // The bytes payloads are read with _Unpickler_ReadInto (see stream_reader.h).
     case op::kBinBytes:
-      Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint32_t>()))));
+      Push(NewText(Kind::kBytes, Text(r_.ReadInto(ReadSize(r_.ReadLE<uint32_t>())))));
       return;
     case op::kShortBinBytes:
-      Push(NewText(Kind::kBytes, c_.ReadText(c_.ReadU8())));
+      Push(NewText(Kind::kBytes, Text(r_.ReadInto(r_.ReadU8()))));
       return;
     case op::kBinBytes8:
-      Push(NewText(Kind::kBytes, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+      Push(NewText(Kind::kBytes, Text(r_.ReadInto(ReadSize(r_.ReadLE<uint64_t>())))));
       return;
-    case op::kByteArray8:
-      Push(NewText(Kind::kByteArray, c_.ReadText(ReadSize(c_.ReadLE<uint64_t>()))));
+    case op::kByteArray8: {
+      NodeId id = NewText(Kind::kByteArray, Text(r_.ReadInto(ReadSize(r_.ReadLE<uint64_t>()))));
+      unhashable_[id] = 1;
+      Push(id);
       return;
+    }
 
     case op::kEmptyTuple:
       Push(NewSequence(Kind::kTuple, {}));
@@ -443,9 +567,13 @@ void Parser::Step(uint8_t code) {
     }
 
     case op::kGlobal: {
-      std::string module(c_.ReadLine());
-      std::string name(c_.ReadLine());
-      Push(NewGlobal(module, name));
+      // _pickle.c load_global: two non-empty lines, each strict UTF-8.
+      std::string module(Line());
+      std::string name(Line());
+      if (!ValidUtf8(module) || !ValidUtf8(name)) {
+        Error("GLOBAL name is not UTF-8 (_pickle.c fails on it)");
+      }
+      Push(Resolve(module, name));
       return;
     }
     case op::kStackGlobal: {
@@ -453,7 +581,7 @@ void Parser::Step(uint8_t code) {
       if (g_.kind(name) != Kind::kStr || g_.kind(module) != Kind::kStr) {
         Error("STACK_GLOBAL needs two strings");
       }
-      Push(NewGlobal(g_.text(module), g_.text(name)));
+      Push(Resolve(g_.text(module), g_.text(name)));
       return;
     }
     case op::kReduce: {
@@ -472,9 +600,11 @@ void Parser::Step(uint8_t code) {
       return;
     }
     case op::kInst: {
-      std::string module(c_.ReadLine());
-      std::string name(c_.ReadLine());
+      // _pickle.c load_inst: the MARK first, then two non-empty ASCII lines.
       std::vector<NodeId> args = PopMark();
+      std::string module(Line());
+      std::string name(Line());
+      if (!IsAscii(module) || !IsAscii(name)) Error("INST name is not ASCII (_pickle.c fails on it)");
       NodeId cls = NewGlobal(module, name);
       Push(MakeObject(Construct::kInst, cls, NewSequence(Kind::kTuple, std::move(args))));
       return;
@@ -490,7 +620,17 @@ void Parser::Step(uint8_t code) {
     case op::kBuild: {
       NodeId state = Pop();
       NodeId target = Top();
-      if (g_.kind(target) == Kind::kGlobal) Error("BUILD on " + Tampering(target));
+      if (g_.kind(target) == Kind::kGlobal) {
+        if (!apply_patches_) Refuse("BUILD on " + Tampering(target));
+        ApplyPatch(target, state);
+        return;
+      }
+      // _pickle.c load_build: without __setstate__, a None state changes nothing; no value of
+      // the built-in kinds has a __setstate__.
+      if (g_.kind(target) != Kind::kObject && g_.kind(target) != Kind::kPersId &&
+          g_.kind(state) == Kind::kNone) {
+        return;
+      }
       if (g_.kind(target) != Kind::kObject) {
         Error(fmt::format("BUILD on a {}", KindName(g_.kind(target))));
       }
@@ -499,7 +639,9 @@ void Parser::Step(uint8_t code) {
       return;
     }
     case op::kPersId: {
-      NodeId pid = NewText(Kind::kStr, c_.ReadLine());
+      std::string_view text = r_.ReadLine();
+      if (!IsAscii(text)) Error("persistent IDs in protocol 0 must be ASCII strings");
+      NodeId pid = NewText(Kind::kStr, text);
       NodeId id = NewCompound(Kind::kPersId);
       C(id).args = pid;
       Push(id);
@@ -514,26 +656,29 @@ void Parser::Step(uint8_t code) {
       return;
     }
 
-    case op::kPut:
-      Put(ParseDecimal(c_.ReadLine()));
+    case op::kPut: {
+      std::string_view line = Line();
+      Top();  // _pickle.c checks the stack before the key
+      Put(MemoKey(line, "PUT"));
       return;
+    }
     case op::kBinPut:
-      Put(c_.ReadU8());
+      Put(r_.ReadU8());
       return;
     case op::kLongBinPut:
-      Put(c_.ReadLE<uint32_t>());
+      Put(r_.ReadLE<uint32_t>());
       return;
     case op::kMemoize:
       Put(memo_count_);
       return;
     case op::kGet:
-      Get(ParseDecimal(c_.ReadLine()));
+      Get(MemoKey(Line(), "GET"));
       return;
     case op::kBinGet:
-      Get(c_.ReadU8());
+      Get(r_.ReadU8());
       return;
     case op::kLongBinGet:
-      Get(c_.ReadLE<uint32_t>());
+      Get(r_.ReadLE<uint32_t>());
       return;
 
     case op::kExt1:
@@ -550,8 +695,16 @@ void Parser::Step(uint8_t code) {
 
 }  // namespace
 
-ParseResult Parse(Bytes data, uint64_t base_offset, const Limits& limits) {
-  return Parser(data, base_offset, limits).Run();
+PartialParse ParsePartial(Bytes data, uint64_t base_offset, const Limits& limits,
+                          const Reading& reading) {
+  return Parser(data, base_offset, limits, reading).Run();
+}
+
+ParseResult Parse(Bytes data, uint64_t base_offset, const Limits& limits, const Reading& reading) {
+  PartialParse p = ParsePartial(data, base_offset, limits, reading);
+  if (p.diverged) throw FrameDivergence(p.error);
+  if (!p.error.empty()) throw Error(p.error);
+  return std::move(p.result);
 }
 
 }  // namespace ckpt::pickle

@@ -1,7 +1,11 @@
 #include "pickle/text_codec.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "base/utf8.h"
@@ -148,29 +152,218 @@ bool DecodeQuotedString(std::string_view s, std::string& out) {
   return true;
 }
 
-void DecodeRawUnicodeEscape(std::string_view s, std::string& out) {
+bool DecodeRawUnicodeEscape(std::string_view s, std::string& out) {
   out.clear();
-  for (size_t i = 0; i < s.size(); ++i) {
+  size_t i = 0;
+  while (i < s.size()) {
     unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\\' && i + 1 < s.size() && (s[i + 1] == 'u' || s[i + 1] == 'U')) {
-      size_t digits = s[i + 1] == 'u' ? 4 : 8;
-      if (i + 2 + digits <= s.size()) {
-        uint32_t cp = 0;
-        bool ok = true;
-        for (size_t k = 0; k < digits; ++k) {
-          int h = HexValue(s[i + 2 + k]);
-          if (h < 0) ok = false;
-          cp = cp * 16 + static_cast<uint32_t>(std::max(h, 0));
-        }
-        if (ok && cp <= 0x10FFFF) {
-          AppendUtf8(cp, out);
-          i += 1 + digits;
-          continue;
-        }
+    if (c != '\\') {
+      AppendUtf8(c, out);
+      ++i;
+      continue;
+    }
+    // A run of backslashes is kept; after an odd run, 'u' or 'U' starts an escape that
+    // replaces the last backslash.
+    size_t run = 0;
+    while (i < s.size() && s[i] == '\\') {
+      out.push_back('\\');
+      ++i;
+      ++run;
+    }
+    if (run % 2 == 0 || i >= s.size() || (s[i] != 'u' && s[i] != 'U')) continue;
+    out.pop_back();
+    size_t digits = s[i] == 'u' ? 4 : 8;
+    ++i;
+    uint32_t cp = 0;
+    for (size_t k = 0; k < digits; ++k, ++i) {
+      if (i >= s.size()) return false;  // truncated \uXXXX escape
+      int h = HexValue(s[i]);
+      if (h < 0) return false;
+      cp = cp * 16 + static_cast<uint32_t>(h);
+    }
+    if (cp > 0x10FFFF) return false;  // \Uxxxxxxxx out of range
+    AppendUtf8(cp, out);
+  }
+  return true;
+}
+
+std::string_view CString(std::string_view line) { return line.substr(0, line.find('\0')); }
+
+namespace {
+
+// Py_ISSPACE: the C locale's whitespace.
+bool PySpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+int DigitValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'Z') return c - 'A' + 10;
+  return 99;
+}
+
+// Minimal two's complement of a little-endian magnitude.
+std::string TwosComplement(std::vector<uint8_t> mag, bool negative) {
+  mag.push_back(0);  // room for the sign bit
+  if (negative) Negate(mag);
+  while (mag.size() > 1) {
+    uint8_t last = mag.back(), prev = mag[mag.size() - 2];
+    if ((last == 0 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) {
+      mag.pop_back();
+    } else {
+      break;
+    }
+  }
+  return std::string(mag.begin(), mag.end());
+}
+
+constexpr size_t kMaxStrDigits = 4300;     // sys.int_info.default_max_str_digits
+constexpr size_t kMaxPow2Digits = 1 << 16; // ours: hex/octal/binary literals of 64K digits
+
+}  // namespace
+
+bool PyLongFromString(std::string_view s, int base, std::string& le) {
+  size_t i = 0;
+  while (i < s.size() && PySpace(s[i])) ++i;
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+  auto at = [&](size_t k) { return k < s.size() ? s[k] : '\0'; };
+  bool zero_only = false;  // "old" octal (0777) is invalid unless the value is zero
+  if (base == 0) {
+    char p = at(i + 1);
+    if (at(i) != '0') {
+      base = 10;
+    } else if (p == 'x' || p == 'X') {
+      base = 16;
+    } else if (p == 'o' || p == 'O') {
+      base = 8;
+    } else if (p == 'b' || p == 'B') {
+      base = 2;
+    } else {
+      base = 10;
+      zero_only = true;
+    }
+    if (base != 10) {
+      i += 2;
+      if (at(i) == '_') ++i;  // one underscore after the prefix
+    }
+  }
+  if (at(i) == '_') return false;
+  std::vector<uint8_t> mag;  // little-endian magnitude
+  size_t digits = 0;
+  char prev = '\0';
+  for (; i < s.size() && (DigitValue(s[i]) < base || s[i] == '_'); ++i) {
+    if (s[i] == '_') {
+      if (prev == '_') return false;
+      prev = '_';
+      continue;
+    }
+    prev = s[i];
+    if (++digits > (base == 10 ? kMaxStrDigits : kMaxPow2Digits)) return false;
+    unsigned carry = static_cast<unsigned>(DigitValue(s[i]));
+    for (uint8_t& b : mag) {
+      unsigned v = b * static_cast<unsigned>(base) + carry;
+      b = static_cast<uint8_t>(v & 0xFF);
+      carry = v >> 8;
+    }
+    while (carry) {
+      mag.push_back(static_cast<uint8_t>(carry & 0xFF));
+      carry >>= 8;
+    }
+  }
+  if (digits == 0 || prev == '_') return false;
+  if (zero_only && !mag.empty()) return false;
+  while (i < s.size() && PySpace(s[i])) ++i;
+  if (i != s.size()) return false;
+  le = TwosComplement(std::move(mag), negative);
+  return true;
+}
+
+bool CStrtol(std::string_view text, int64_t& value) {
+  std::string c(CString(text));
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(c.c_str(), &end, 0);
+  // Nothing to convert leaves `end` at the start: accepted (as 0) only when the line starts
+  // with a NUL, as load_int checks *end against '\n' and '\0'.
+  if (errno != 0 || end == nullptr || *end != '\0') return false;
+  value = v;
+  return true;
+}
+
+bool PyStringToDouble(std::string_view s, double& value) {
+  s = CString(s);
+  size_t i = 0;
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+  auto lower = [&](size_t k) {
+    return k < s.size() ? static_cast<char>(std::tolower(static_cast<unsigned char>(s[k]))) : '\0';
+  };
+  auto word = [&](size_t k, std::string_view w) {
+    for (size_t n = 0; n < w.size(); ++n) {
+      if (lower(k + n) != w[n]) return false;
+    }
+    return true;
+  };
+  if (word(i, "inf")) {
+    size_t end = word(i, "infinity") ? i + 8 : i + 3;
+    if (end != s.size()) return false;
+    value = negative ? -HUGE_VAL : HUGE_VAL;
+    return true;
+  }
+  if (word(i, "nan")) {
+    if (i + 3 != s.size()) return false;
+    value = negative ? -std::nan("") : std::nan("");
+    return true;
+  }
+  auto is_digit = [&](size_t k) { return k < s.size() && s[k] >= '0' && s[k] <= '9'; };
+  size_t mantissa_digits = 0;
+  while (is_digit(i)) ++i, ++mantissa_digits;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (is_digit(i)) ++i, ++mantissa_digits;
+  }
+  if (mantissa_digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    size_t k = i + 1;
+    if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+    if (is_digit(k)) {
+      while (is_digit(k)) ++k;
+      i = k;
+    }
+  }
+  if (i != s.size()) return false;
+  std::string c(s);
+  errno = 0;
+  double v = std::strtod(c.c_str(), nullptr);
+  if (errno == ERANGE && std::fabs(v) >= 1.0) return false;  // OverflowError
+  value = v;
+  return true;
+}
+
+bool ValidUtf8SurrogatePass(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    size_t n = Utf8SequenceAt(s, i, &cp);
+    if (n == 0) {
+      // An encoded surrogate: ED A0-BF 80-BF.
+      if (i + 2 < s.size() && static_cast<uint8_t>(s[i]) == 0xED &&
+          (static_cast<uint8_t>(s[i + 1]) & 0xE0) == 0xA0 &&
+          (static_cast<uint8_t>(s[i + 2]) & 0xC0) == 0x80) {
+        n = 3;
+      } else {
+        return false;
       }
     }
-    AppendUtf8(c, out);
+    i += n;
   }
+  return true;
+}
+
+bool IsAscii(std::string_view s) {
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
 }
 
 }  // namespace ckpt::pickle

@@ -3,211 +3,20 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <set>
+#include <fnmatch.h>
+#include <map>
 #include <string>
 #include <utility>
-
-#include "base/names.h"
-#include "torch/dtype.h"
 
 namespace ckpt::torch {
 
 namespace {
 
-struct QualName {
-  std::string_view module;
-  std::string_view name;
-};
-
-// The tables stay packed.
-// clang-format off
-// Python 3's unpickler renames Python 2 modules (and a few single names) before importing
-// them when the stream's protocol is below 3 (Lib/_compat_pickle.py IMPORT_MAPPING and the
-// NAME_MAPPING entries that move a name to another module). Applied here whatever the
-// protocol: a false alarm is cheaper than a hidden import.
-constexpr std::pair<std::string_view, std::string_view> kImportMapping[] = {
-    {"__builtin__", "builtins"}, {"__builtins__", "builtins"}, {"exceptions", "builtins"},
-    {"copy_reg", "copyreg"}, {"Queue", "queue"}, {"SocketServer", "socketserver"},
-    {"ConfigParser", "configparser"}, {"repr", "reprlib"}, {"tkFileDialog", "tkinter.filedialog"},
-    {"tkSimpleDialog", "tkinter.simpledialog"}, {"tkColorChooser", "tkinter.colorchooser"},
-    {"tkCommonDialog", "tkinter.commondialog"}, {"Dialog", "tkinter.dialog"}, {"Tkdnd", "tkinter.dnd"},
-    {"tkFont", "tkinter.font"}, {"tkMessageBox", "tkinter.messagebox"},
-    {"ScrolledText", "tkinter.scrolledtext"}, {"Tkconstants", "tkinter.constants"},
-    {"Tix", "tkinter.tix"}, {"ttk", "tkinter.ttk"}, {"Tkinter", "tkinter"}, {"markupbase", "_markupbase"},
-    {"_winreg", "winreg"}, {"thread", "_thread"}, {"dummy_thread", "_dummy_thread"},
-    {"dbhash", "dbm.bsd"}, {"dumbdbm", "dbm.dumb"}, {"dbm", "dbm.ndbm"}, {"gdbm", "dbm.gnu"},
-    {"xmlrpclib", "xmlrpc.client"}, {"SimpleXMLRPCServer", "xmlrpc.server"}, {"httplib", "http.client"},
-    {"htmlentitydefs", "html.entities"}, {"HTMLParser", "html.parser"}, {"Cookie", "http.cookies"},
-    {"cookielib", "http.cookiejar"}, {"BaseHTTPServer", "http.server"},
-    {"test.test_support", "test.support"}, {"commands", "subprocess"}, {"urlparse", "urllib.parse"},
-    {"robotparser", "urllib.robotparser"}, {"urllib2", "urllib.request"}, {"anydbm", "dbm"},
-    {"_abcoll", "collections.abc"}, {"cPickle", "pickle"}, {"_elementtree", "xml.etree.ElementTree"},
-    {"FileDialog", "tkinter.filedialog"}, {"SimpleDialog", "tkinter.simpledialog"},
-    {"DocXMLRPCServer", "xmlrpc.server"}, {"SimpleHTTPServer", "http.server"},
-    {"CGIHTTPServer", "http.server"}, {"UserDict", "collections"}, {"UserList", "collections"},
-    {"UserString", "collections"}, {"whichdb", "dbm"}, {"StringIO", "io"},
-};
-
-constexpr std::pair<QualName, QualName> kNameMapping[] = {
-    {{"__builtin__", "reduce"}, {"functools", "reduce"}},
-    {{"__builtin__", "intern"}, {"sys", "intern"}},
-    {{"_socket", "fromfd"}, {"socket", "fromfd"}},
-    {{"_multiprocessing", "Connection"}, {"multiprocessing.connection", "Connection"}},
-    {{"multiprocessing.forking", "Popen"}, {"multiprocessing.popen_fork", "Popen"}},
-};
-
-// Whole modules (and their submodules) whose globals can execute code, load code or data
-// from elsewhere, or touch the system: files, processes, network, the import machinery.
-constexpr std::string_view kUnsafeModules[] = {
-    // processes, the OS, the interpreter
-    "os", "nt", "posix", "sys", "subprocess", "_posixsubprocess", "pty", "signal", "resource",
-    "fcntl", "termios", "mmap", "atexit", "platform", "commands", "popen2", "_winapi", "msvcrt",
-    "winreg", "multiprocessing", "_multiprocessing", "threading", "_thread", "_dummy_thread",
-    "concurrent", "asyncio", "ctypes", "_ctypes", "faulthandler", "gc",
-    // running or compiling code
-    "runpy", "code", "codeop", "timeit", "bdb", "pdb", "trace", "cProfile", "profile", "doctest",
-    "pydoc", "idlelib", "lib2to3", "_pyrepl", "cgitb", "test.support",
-    // importing, installing
-    "importlib", "imp", "_imp", "_frozen_importlib", "_frozen_importlib_external", "pkgutil",
-    "zipimport", "site", "ensurepip", "pip", "setuptools", "distutils", "venv", "_osx_support",
-    "_aix_support",
-    // nested pickles and other loaders
-    "pickle", "_pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal",
-    "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "numpy.testing", "pandas.io.pickle",
-    // files
-    "shutil", "tempfile", "linecache", "fileinput", "zipfile", "tarfile", "logging.config",
-    "logging.handlers",
-    // network
-    "socket", "_socket", "ssl", "_ssl", "socketserver", "http", "httplib", "urllib", "urllib2",
-    "xmlrpc", "ftplib", "smtplib", "poplib", "imaplib", "nntplib", "telnetlib", "webbrowser",
-    "wsgiref", "requests", "aiohttp", "httpx",
-    // compatibility layers that re-export the above (six.moves.builtins.eval...)
-    "six.moves",
-};
-
-// Modules of torch (and their submodules) with the same powers: loading nested pickles,
-// compiling and running code, remote calls.
-constexpr std::string_view kUnsafeTorchModules[] = {
-    "torch.serialization", "torch.hub", "torch.package", "torch.jit._serialization",
-    "torch.jit.unsupported_tensor_ops", "torch.utils.cpp_extension", "torch.utils.bottleneck",
-    "torch.utils.collect_env", "torch.utils._config_module", "torch.utils.benchmark",
-    "torch.utils.data.datapipes.utils.decoder", "torch._inductor", "torch._dynamo",
-    "torch.fx.experimental.symbolic_shapes", "torch.distributed.rpc", "torch.testing._internal",
-};
-
-// Single functions that are dangerous in otherwise ordinary modules.
-constexpr QualName kUnsafeNames[] = {
-    {"builtins", "eval"}, {"builtins", "exec"}, {"builtins", "execfile"}, {"builtins", "compile"},
-    {"builtins", "open"}, {"builtins", "getattr"}, {"builtins", "setattr"}, {"builtins", "delattr"},
-    {"builtins", "breakpoint"}, {"builtins", "input"}, {"builtins", "apply"}, {"builtins", "globals"},
-    {"builtins", "locals"}, {"builtins", "vars"}, {"builtins", "file"}, {"builtins", "reload"},
-    {"builtins", "help"}, {"builtins", "exit"}, {"builtins", "quit"},
-    {"operator", "attrgetter"}, {"operator", "itemgetter"}, {"operator", "methodcaller"},
-    {"operator", "getitem"}, {"operator", "call"}, {"_operator", "attrgetter"},
-    {"_operator", "itemgetter"}, {"_operator", "methodcaller"}, {"_operator", "getitem"},
-    {"_operator", "call"}, {"functools", "partial"}, {"_functools", "partial"},
-    {"types", "CodeType"}, {"types", "FunctionType"}, {"types", "LambdaType"}, {"types", "MethodType"},
-    {"io", "open"}, {"io", "FileIO"}, {"_io", "open"}, {"_io", "FileIO"}, {"codecs", "open"},
-    {"logging", "FileHandler"}, {"uuid", "_get_command_stdout"}, {"pandas", "read_pickle"},
-    {"torch.storage", "_load_from_bytes"}, {"six", "exec_"}, {"future.utils", "exec_"},
-    {"past.builtins", "execfile"},
-};
-
-// More single functions: loaders of other files (a pickle inside a pickle is never scanned).
-constexpr QualName kUnsafeLoaders[] = {
-    {"torch", "load"}, {"torch.jit", "load"}, {"numpy", "load"}, {"numpy", "loadtxt"},
-    {"numpy", "fromfile"}, {"numpy.lib.npyio", "load"}, {"gzip", "open"}, {"bz2", "open"},
-    {"lzma", "open"}, {"builtins", "__import__"},
-};
-
-constexpr QualName kTorchAllowed[] = {
-    {"collections", "OrderedDict"}, {"collections", "Counter"},
-    {"torch.nn.parameter", "Parameter"}, {"torch.serialization", "_get_layout"},
-    {"torch", "Size"}, {"torch", "Tensor"}, {"torch", "device"},
-    {"_codecs", "encode"}, {"builtins", "bytearray"}, {"builtins", "set"},
-    {"builtins", "complex"},
-    {"torch._utils", "_rebuild_parameter"}, {"torch._utils", "_rebuild_parameter_with_state"},
-    {"torch._utils", "_rebuild_qtensor"}, {"torch._utils", "_rebuild_tensor"},
-    {"torch._utils", "_rebuild_tensor_v2"}, {"torch._utils", "_rebuild_tensor_v3"},
-    {"torch._utils", "_rebuild_sparse_tensor"}, {"torch._utils", "_rebuild_sparse_csr_tensor"},
-    {"torch._utils", "_rebuild_meta_tensor_no_storage"},
-    {"torch._utils", "_rebuild_wrapper_subclass"},
-    {"torch._utils", "_rebuild_device_tensor_from_numpy"},
-    {"torch._utils", "_rebuild_device_tensor_from_cpu_tensor"},
-    {"torch._utils", "_rebuild_nested_tensor"},
-    {"torch._tensor", "_rebuild_from_type_v2"},
-    {"torch", "per_tensor_affine"}, {"torch", "per_channel_affine"},
-    {"torch", "per_tensor_symmetric"}, {"torch", "per_channel_symmetric"},
-    {"torch", "per_channel_affine_float_qparams"}, {"torch.storage", "UntypedStorage"},
-};
-
-// clang-format on
-
-bool InModule(std::string_view module, std::string_view root) {
-  return module == root || IsBelowKeyPath(module, root);
-}
-
-template <size_t N>
-bool InAny(std::string_view module, const std::string_view (&roots)[N]) {
-  for (std::string_view root : roots) {
-    if (InModule(module, root)) return true;
-  }
-  return false;
-}
-
-template <size_t N>
-bool Listed(const QualName& q, const QualName (&names)[N]) {
-  for (const QualName& n : names) {
-    if (n.module == q.module && n.name == q.name) return true;
-  }
-  return false;
-}
-
-// What a Python 3 unpickler would import for (module, name).
-QualName Normalize(std::string_view module, std::string_view name) {
-  for (const auto& [from, to] : kNameMapping) {
-    if (from.module == module && from.name == name) return to;
-  }
-  for (const auto& [from, to] : kImportMapping) {
-    if (from == module) return {to, name};
-  }
-  return {module, name};
-}
-
-bool IsDunder(std::string_view name) {
-  return name.size() > 4 && name.starts_with("__") && name.ends_with("__");
-}
-
-}  // namespace
-
-GlobalClass ClassifyGlobal(std::string_view module, std::string_view name) {
-  QualName q = Normalize(module, name);
-  if (q.name.find('.') != std::string_view::npos || q.name.empty() || q.module.empty()) {
-    return GlobalClass::kUnsafe;
-  }
-  // copyreg's constructors are how protocols 0 and 1 spell "make an object of this class".
-  if (IsDunder(q.name) && !(q.module == "copyreg" && q.name.starts_with("__newobj"))) {
-    return GlobalClass::kUnsafe;
-  }
-  if (Listed(q, kTorchAllowed)) return GlobalClass::kTorchAllowed;
-  if (Listed(q, kUnsafeNames) || Listed(q, kUnsafeLoaders) || InAny(q.module, kUnsafeModules) ||
-      InAny(q.module, kUnsafeTorchModules)) {
-    return GlobalClass::kUnsafe;
-  }
-  if (q.module == "torch" || q.module == "torch.cuda") {
-    if (q.name.ends_with("Storage") || q.name.ends_with("Tensor"))
-      return GlobalClass::kTorchAllowed;
-    if (q.module == "torch" && FromName(q.name)) return GlobalClass::kTorchAllowed;
-  }
-  return GlobalClass::kOther;
-}
-
-std::string DisplayGlobal(std::string_view module, std::string_view name) {
-  QualName q = Normalize(module, name);
-  return fmt::format("{}.{}", q.module, q.name);
-}
-
-namespace {
+using pickle::Construct;
+using pickle::Graph;
+using pickle::Kind;
+using pickle::kNil;
+using pickle::NodeId;
 
 // Reading attribute `attr` of the imported global module.name (see the header).
 GlobalClass ClassifyAttribute(std::string_view module, std::string_view name,
@@ -217,7 +26,7 @@ GlobalClass ClassifyAttribute(std::string_view module, std::string_view name,
   }
   if (ClassifyGlobal(module, name) == GlobalClass::kUnsafe) return GlobalClass::kUnsafe;
   // A module's attribute may be another module it imported (torch._utils_internal.os).
-  if (InAny(attr, kUnsafeModules) || InAny(attr, kUnsafeTorchModules)) return GlobalClass::kUnsafe;
+  if (IsUnsafeModulePath(attr)) return GlobalClass::kUnsafe;
   // The global may itself be a module (GLOBAL 'torch serialization'): its attribute is then
   // a global of that module.
   if (ClassifyGlobal(DisplayGlobal(module, name), attr) == GlobalClass::kUnsafe) {
@@ -227,9 +36,8 @@ GlobalClass ClassifyAttribute(std::string_view module, std::string_view name,
 }
 
 bool IsGetattr(const pickle::Graph& g, pickle::NodeId id) {
-  if (g.kind(id) != pickle::Kind::kGlobal) return false;
-  QualName q = Normalize(g.global_module(id), g.global_name(id));
-  return q.module == "builtins" && q.name == "getattr";
+  return g.kind(id) == pickle::Kind::kGlobal &&
+         DisplayGlobal(g.global_module(id), g.global_name(id)) == "builtins.getattr";
 }
 
 // How every node is used by the others: as the callable of some object, or in any other
@@ -279,90 +87,300 @@ AttributeRead AsAttributeRead(const pickle::Graph& g, const Uses& uses, pickle::
   return {target, attr};
 }
 
+
+bool IsEmptyTuple(const Graph& g, NodeId id) {
+  return id != kNil && g.kind(id) == Kind::kTuple && g.items(id).empty();
+}
+
+bool IsEmptyDict(const Graph& g, NodeId id) {
+  return id != kNil && g.kind(id) == Kind::kDict && g.pairs(id).empty();
+}
+
+std::string Display(const Graph& g, NodeId global) {
+  return DisplayGlobal(g.global_module(global), g.global_name(global));
+}
+
+// The analysis both ScanPickle and DescribeEffects read: per node, how each global is used
+// (called, instantiated without a call) and which calls are getattr attribute reads.
+struct Analysis {
+  explicit Analysis(const Graph& g);
+
+  const Graph& g;
+  Uses uses;
+  std::vector<uint8_t> called;       // globals called
+  std::vector<uint8_t> rebuilt;      // classes instantiated without a call
+  std::vector<NodeId> first_call;    // the first call of each called global
+  std::vector<uint8_t> reads_only;   // getattr globals excused as attribute reads
+  std::vector<NodeId> getattr_calls;  // every call of a getattr global, in node order
+
+ private:
+  void Call(NodeId global, NodeId at) {
+    if (global == kNil || g.kind(global) != Kind::kGlobal) return;
+    if (!called[global]) first_call[global] = at;
+    called[global] = 1;
+  }
+  void Rebuild(NodeId global) {
+    if (global != kNil && g.kind(global) == Kind::kGlobal) rebuilt[global] = 1;
+  }
+  void JudgeCall(NodeId obj, NodeId callable);
+};
+
+Analysis::Analysis(const Graph& graph)
+    : g(graph),
+      uses(graph),
+      called(graph.nodes.size()),
+      rebuilt(graph.nodes.size()),
+      first_call(graph.nodes.size(), kNil),
+      reads_only(graph.nodes.size()) {
+  const size_t n = g.nodes.size();
+  for (NodeId id = 0; id < n; ++id) {
+    if (IsGetattr(g, id)) reads_only[id] = uses.called[id] && !uses.elsewhere[id];
+  }
+  for (NodeId id = 0; id < n; ++id) {
+    if (g.kind(id) != Kind::kObject) continue;
+    NodeId callable = g.compound(id).callable;
+    if (callable == kNil || g.kind(callable) != Kind::kGlobal) continue;
+    if (IsGetattr(g, callable)) {
+      getattr_calls.push_back(id);
+      if (AsAttributeRead(g, uses, id).global == kNil) reads_only[callable] = 0;
+      continue;
+    }
+    JudgeCall(id, callable);
+  }
+  // A getattr that is not only read from is an unsafe import; its calls count as calls.
+  for (NodeId id : getattr_calls) {
+    NodeId callable = g.compound(id).callable;
+    if (!reads_only[callable]) Call(callable, id);
+  }
+}
+
+// The forms of _pickle.c: REDUCE calls; NEWOBJ/NEWOBJ_EX call cls.__new__ (with no arguments
+// that is how a class is instantiated without being called); INST/OBJ call the class (or
+// function) they name. copyreg's helpers are those forms spelled as REDUCE.
+void Analysis::JudgeCall(NodeId obj, NodeId callable) {
+  const pickle::Compound& c = g.compound(obj);
+  bool no_args = IsEmptyTuple(g, c.args);
+  switch (c.construct) {
+    case Construct::kNewObj:
+      no_args ? Rebuild(callable) : Call(callable, obj);
+      return;
+    case Construct::kNewObjEx:
+      no_args && IsEmptyDict(g, c.kwargs) ? Rebuild(callable) : Call(callable, obj);
+      return;
+    case Construct::kInst:
+      Call(callable, obj);
+      return;
+    case Construct::kReduce:
+      break;
+  }
+  Call(callable, obj);
+  std::string name = Display(g, callable);
+  size_t argc = g.ArgCount(obj);
+  if (name == "copyreg.__newobj__") {
+    argc == 1 ? Rebuild(g.Arg(obj, 0)) : Call(g.Arg(obj, 0), obj);
+    return;
+  }
+  if (name == "copyreg.__newobj_ex__") {
+    bool bare = argc == 3 && IsEmptyTuple(g, g.Arg(obj, 1)) && IsEmptyDict(g, g.Arg(obj, 2));
+    bare ? Rebuild(g.Arg(obj, 0)) : Call(g.Arg(obj, 0), obj);
+    return;
+  }
+  ArgUse use = ArgUseOf(g.global_module(callable), g.global_name(callable));
+  for (size_t i = 0; i < argc && i < 8; ++i) {
+    NodeId arg = g.Arg(obj, i);
+    if (arg == kNil || g.kind(arg) != Kind::kGlobal) continue;
+    uint8_t bit = static_cast<uint8_t>(1u << i);
+    if (use.calls & bit) Call(arg, obj);
+    if (use.reconstructs & bit) Rebuild(arg);
+    if ((use.calls_unless_object & bit) && Display(g, arg) != "builtins.object") Call(arg, obj);
+  }
+}
+
+Verdict VerdictOf(const Analysis& a, NodeId global, const Trust& trust, std::string* display) {
+  const Graph& g = a.g;
+  std::string_view module = g.global_module(global), name = g.global_name(global);
+  *display = DisplayGlobal(module, name);
+  GlobalClass cls = ClassifyGlobal(module, name);
+  if (cls == GlobalClass::kUnsafe) return Verdict::kUnsafe;
+  if (cls == GlobalClass::kTorchAllowed) return Verdict::kWeightsOnly;
+  if (IsAllowedGlobal(module, name)) return Verdict::kAllowed;
+  if (trust.Covers(*display)) return Verdict::kTrusted;
+  if (a.called[global]) return Verdict::kCalls;
+  if (a.rebuilt[global]) return Verdict::kReconstructed;
+  return Verdict::kReferenced;
+}
+
 }  // namespace
 
-PickleScan ScanPickle(const pickle::Graph& graph) {
-  using pickle::Kind;
-  using pickle::NodeId;
+bool Trust::Covers(std::string_view global) const {
+  std::string text(global);
+  for (const std::string& p : patterns) {
+    if (p.empty()) continue;
+    if (fnmatch(p.c_str(), text.c_str(), 0) == 0) return true;
+    // "mypkg" and "mypkg.*" cover mypkg.x and mypkg.sub.x.
+    std::string root = p.ends_with(".*") ? p.substr(0, p.size() - 2) : p;
+    if (root.find_first_of("*?[") == std::string::npos && text.size() > root.size() &&
+        text.starts_with(root) && text[root.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kWeightsOnly:
+      return "weights_only";
+    case Verdict::kAllowed:
+      return "allowed";
+    case Verdict::kTrusted:
+      return "trusted";
+    case Verdict::kReferenced:
+      return "referenced";
+    case Verdict::kReconstructed:
+      return "reconstructed";
+    case Verdict::kCalls:
+      return "calls";
+    case Verdict::kUnsafe:
+      return "unsafe";
+  }
+  return "?";
+}
+
+PickleScan ScanPickle(const Graph& graph, const Trust& trust) {
   PickleScan scan;
   const size_t n = graph.nodes.size();
-  Uses uses(graph);
+  Analysis a(graph);
 
-  // Every call of a getattr global, and whether all of that global's uses are plain reads.
-  std::vector<NodeId> getattr_calls;
-  std::vector<uint8_t> reads_only(n);  // getattr globals excused as attribute reads
-  for (NodeId id = 0; id < n; ++id) {
-    if (IsGetattr(graph, id)) reads_only[id] = uses.called[id] && !uses.elsewhere[id];
-  }
-  for (NodeId id = 0; id < n; ++id) {
-    if (graph.kind(id) != Kind::kObject) continue;
-    NodeId callable = graph.compound(id).callable;
-    if (callable == pickle::kNil || !IsGetattr(graph, callable)) continue;
-    getattr_calls.push_back(id);
-    if (AsAttributeRead(graph, uses, id).global == pickle::kNil) reads_only[callable] = 0;
-  }
-
-  std::set<std::string> listed;
+  std::map<std::string, size_t> listed;  // name -> index in scan.names
   auto add_name = [&](ImportedName name) {
-    if (listed.insert(name.name).second) scan.names.push_back(std::move(name));
+    auto [it, fresh] = listed.try_emplace(name.name, scan.names.size());
+    if (fresh) {
+      scan.names.push_back(std::move(name));
+    } else {
+      ImportedName& old = scan.names[it->second];
+      old.verdict = std::max(old.verdict, name.verdict);
+    }
   };
+  std::vector<uint8_t> call_reported(n);
   size_t next_read = 0;
   for (NodeId id = 0; id < n; ++id) {
     Kind kind = graph.kind(id);
     if (kind == Kind::kGlobal) {
-      if (reads_only[id]) continue;  // judged by its reads below
-      std::string_view module = graph.global_module(id), name = graph.global_name(id);
-      GlobalClass cls = ClassifyGlobal(module, name);
-      std::string display = DisplayGlobal(module, name);
-      if (cls == GlobalClass::kUnsafe) scan.findings.push_back({id, "imports " + display});
-      add_name({display, graph.GlobalText(id), cls, false});
+      if (a.reads_only[id]) continue;  // judged by its reads below
+      std::string display;
+      Verdict v = VerdictOf(a, id, trust, &display);
+      if (v == Verdict::kUnsafe) scan.findings.push_back({id, "imports " + display, ""});
+      add_name({display, graph.GlobalText(id),
+                ClassifyGlobal(graph.global_module(id), graph.global_name(id)), false, v});
       continue;
     }
     if (kind != Kind::kObject) continue;
     NodeId callable = graph.compound(id).callable;
-    if (next_read < getattr_calls.size() && getattr_calls[next_read] == id) {
+    if (next_read < a.getattr_calls.size() && a.getattr_calls[next_read] == id) {
       ++next_read;
-      if (reads_only[callable]) {
-        AttributeRead read = AsAttributeRead(graph, uses, id);
+      if (a.reads_only[callable]) {
+        AttributeRead read = AsAttributeRead(graph, a.uses, id);
         std::string_view module = graph.global_module(read.global),
                          name = graph.global_name(read.global);
         std::string_view attr = graph.text(read.attr);
         GlobalClass cls = ClassifyAttribute(module, name, attr);
         std::string path = fmt::format("{}.{}", DisplayGlobal(module, name), attr);
-        if (cls == GlobalClass::kUnsafe)
-          scan.findings.push_back({id, fmt::format("reads {} (getattr)", path)});
+        Verdict v = Verdict::kReferenced;
+        if (cls == GlobalClass::kUnsafe) {
+          v = Verdict::kUnsafe;
+          scan.findings.push_back({id, fmt::format("reads {} (getattr)", path), ""});
+        } else if (IsAllowedGlobal(module, name)) {
+          v = Verdict::kAllowed;
+        } else if (trust.Covers(DisplayGlobal(module, name))) {
+          v = Verdict::kTrusted;
+        }
         add_name({path + " (getattr)", fmt::format("{}.{}", graph.GlobalText(read.global), attr),
-                  cls, true});
+                  cls, true, v});
         continue;
       }
     }
-    if (callable == pickle::kNil || graph.kind(callable) == Kind::kGlobal) continue;
-    NodeId maker = graph.CalledGlobal(callable);
-    scan.findings.push_back(
-        {id, maker != pickle::kNil
-                 ? fmt::format("calls what {} returned",
-                               DisplayGlobal(graph.global_module(maker), graph.global_name(maker)))
-                 : fmt::format("calls a computed {}", pickle::KindName(graph.kind(callable)))});
+    if (callable == kNil) continue;
+    if (graph.kind(callable) != Kind::kGlobal) {
+      NodeId maker = graph.CalledGlobal(callable);
+      scan.findings.push_back(
+          {id, maker != kNil ? fmt::format("calls what {} returned", Display(graph, maker))
+                             : fmt::format("calls a computed {}", pickle::KindName(graph.kind(callable))),
+           ""});
+    }
   }
+  // "calls X": at the first call of each global judged kCalls (arguments called by an allowed
+  // constructor count), in node order with the other findings.
+  for (NodeId id = 0; id < n; ++id) {
+    if (graph.kind(id) != Kind::kGlobal || !a.called[id] || a.reads_only[id]) continue;
+    std::string display;
+    if (VerdictOf(a, id, trust, &display) != Verdict::kCalls) continue;
+    NodeId at = a.first_call[id];
+    if (call_reported[at]) continue;
+    call_reported[at] = 1;
+    scan.findings.push_back({at, "calls " + display, display});
+  }
+  std::stable_sort(scan.findings.begin(), scan.findings.end(),
+                   [](const UnsafeFinding& x, const UnsafeFinding& y) { return x.node < y.node; });
   std::sort(scan.names.begin(), scan.names.end(),
-            [](const ImportedName& a, const ImportedName& b) { return a.name < b.name; });
+            [](const ImportedName& x, const ImportedName& y) { return x.name < y.name; });
   return scan;
 }
 
-std::vector<UnsafeFinding> FindUnsafe(const pickle::Graph& graph) {
-  return ScanPickle(graph).findings;
+std::string ExplainFinding(const UnsafeFinding& u) {
+  if (u.called.empty()) return u.what + ", which can run code or reach the system when unpickled";
+  std::string_view module = std::string_view(u.called).substr(0, u.called.rfind('.'));
+  return fmt::format(
+      "{} when loaded: not on torch's weights_only list nor on ckptool's allowlist of data "
+      "constructors, so it runs code the file chooses (--trust {} accepts a module you trust)",
+      u.what, module);
 }
 
-const char* GlobalClassName(GlobalClass c) {
-  switch (c) {
-    case GlobalClass::kTorchAllowed:
-      return "torch-allowed";
-    case GlobalClass::kOther:
-      return "other";
-    case GlobalClass::kUnsafe:
-      return "unsafe";
+std::vector<UnsafeFinding> FindUnsafe(const Graph& graph, const Trust& trust) {
+  return ScanPickle(graph, trust).findings;
+}
+
+std::string DescribeEffects(const Graph& graph, size_t max_items) {
+  Analysis a(graph);
+  std::vector<std::string> items;
+  std::map<std::string, bool> said;
+  auto say = [&](std::string item) {
+    if (said.emplace(item, true).second) items.push_back(std::move(item));
+  };
+  auto tag = [](Verdict v, bool called) {
+    if (v == Verdict::kUnsafe) return " (UNSAFE)";
+    if (v == Verdict::kCalls && called) return " (UNSAFE: not on the allowlist)";
+    return "";
+  };
+  const Trust none;
+  for (NodeId id = 0; id < graph.nodes.size(); ++id) {
+    Kind kind = graph.kind(id);
+    if (kind == Kind::kGlobal) {
+      std::string display;
+      Verdict v = VerdictOf(a, id, none, &display);
+      say(fmt::format("imports {}{}", display, tag(v, false)));
+      continue;
+    }
+    if (kind != Kind::kObject) continue;
+    NodeId callable = graph.compound(id).callable;
+    if (callable == kNil) continue;
+    if (graph.kind(callable) != Kind::kGlobal) {
+      say("calls an object the pickle computed (UNSAFE)");
+      continue;
+    }
+    std::string display;
+    Verdict v = VerdictOf(a, callable, none, &display);
+    const pickle::Compound& c = graph.compound(id);
+    bool rebuilds = (c.construct == Construct::kNewObj || c.construct == Construct::kNewObjEx) &&
+                    IsEmptyTuple(graph, c.args);
+    say(fmt::format("{} {}{}", rebuilds ? "makes" : "calls", display, tag(v, !rebuilds)));
   }
-  return "?";
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) {
+    out += (i ? ", " : "") + items[i];
+  }
+  if (items.size() > max_items) out += fmt::format(" and {} more", items.size() - max_items);
+  return out;
 }
 
 }  // namespace ckpt::torch

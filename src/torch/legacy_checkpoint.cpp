@@ -14,6 +14,8 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "torch/global_policy.h"
+#include "torch/pickle_read.h"
 #include "torch/torch_file.h"
 
 namespace ckpt::torch {
@@ -28,14 +30,32 @@ struct Piece {
   uint64_t offset;
   uint64_t size;
   size_t leftover;  // values left on the stack at STOP
+  std::vector<std::string> anomalies;
 };
 
 Piece ParseAt(Bytes file, uint64_t offset, const char* what, const ReadOptions& options) {
   return WithContext(what, [&] {
     pickle::ParseResult r =
-        pickle::Parse(Slice(file, offset, file.size() - offset), offset, options.limits);
-    return Piece{std::move(r.graph), offset, r.end, r.leftover};
+        ParseTorchPickle(Slice(file, offset, file.size() - offset), offset, options.limits);
+    // torch.load reads the next pickle from where _pickle.c left the file: after the whole
+    // FRAME when it read the frame with read(), after STOP when it peeked (small frames).
+    if (r.frame_rest) {
+      Fail("the pickle's last FRAME runs {} bytes past its STOP: torch.load would start the "
+           "next pickle at a place that depends on its file buffer",
+           r.frame_rest);
+    }
+    return Piece{std::move(r.graph), offset, r.end, r.leftover, std::move(r.anomalies)};
   });
+}
+
+// The pickles around the object pickle hold plain values in every file torch writes; anything
+// they import or call runs when torch.load reads them (with pickle.load, before any check).
+void CheckPlainPickle(const Piece& p, const char* what, Model& model) {
+  for (const std::string& odd : p.anomalies) model.problems.push_back({what, odd});
+  for (const UnsafeFinding& u : FindUnsafe(p.graph)) {
+    model.problems.push_back(
+        {what, u.what + ", which can run code: torch.load unpickles it before it reads the object"});
+  }
 }
 
 bool IsMagic(const pickle::Graph& g) {
@@ -68,7 +88,15 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
     Fail("this is a pre-0.4 tar-format torch checkpoint, which is not supported");
   }
   Piece magic = ParseAt(file, 0, "magic number", options);
-  if (!IsMagic(magic.graph)) Fail("not a torch checkpoint: bad magic number");
+  if (!IsMagic(magic.graph)) {
+    std::string effects = DescribeEffects(magic.graph);
+    if (!effects.empty()) {
+      Fail("not a torch checkpoint: the first pickle is not torch's magic number; torch.load "
+           "unpickles it before checking, and it {}",
+           effects);
+    }
+    Fail("not a torch checkpoint: bad magic number");
+  }
   uint64_t at = magic.size;
   Piece protocol = ParseAt(file, at, "protocol version", options);
   const pickle::Graph& pg = protocol.graph;
@@ -92,10 +120,13 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
   }
   at += sys_info.size;
   tf.AddRegion("legacy headers", at);
+  CheckPlainPickle(protocol, "protocol version pickle", tf.model);
+  CheckPlainPickle(sys_info, "sys_info pickle", tf.model);
 
   Piece obj = ParseAt(file, at, "object pickle", options);
   tf.pickle_offset = at;
   tf.pickle_size = obj.size;
+  for (const std::string& odd : obj.anomalies) tf.model.problems.push_back({"object pickle", odd});
   tf.AddRegion("pickle", obj.size);
   at += obj.size;
   if (obj.leftover) {
@@ -108,12 +139,28 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
   tf.model.graph = std::move(obj.graph);
   BuildTensorTable(tf.model, /*legacy=*/true);
 
-  Piece keys = ParseAt(file, at, "storage key list", options);
+  // The object pickle's findings go with the error: a broken key list would hide them.
+  auto fail_keys = [&](const std::string& why) {
+    std::string effects = DescribeEffects(tf.model.graph);
+    if (effects.empty()) Fail("{}", why);
+    Fail("{}; the object pickle before it (which torch.load runs first) {}", why, effects);
+  };
+  Piece keys = [&] {
+    try {
+      return ParseAt(file, at, "storage key list", options);
+    } catch (const Error& e) {
+      fail_keys(e.what());
+      throw;
+    }
+  }();
   tf.AddRegion("legacy headers", keys.size);
   at += keys.size;
+  CheckPlainPickle(keys, "storage key list pickle", tf.model);
   const pickle::Graph& kg = keys.graph;
   if (kg.root == pickle::kNil || kg.kind(kg.root) != pickle::Kind::kList) {
-    Fail("storage key list is not a list");
+    std::string effects = DescribeEffects(kg);
+    fail_keys(effects.empty() ? "storage key list is not a list"
+                              : "storage key list is not a list: the pickle there " + effects);
   }
   for (pickle::NodeId k : kg.items(kg.root)) {
     if (kg.kind(k) != pickle::Kind::kStr) Fail("storage key list holds a non-string");

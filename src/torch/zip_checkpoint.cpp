@@ -11,6 +11,7 @@
 
 #include "base/checked.h"
 #include "base/error.h"
+#include "torch/pickle_read.h"
 #include "torch/torch_file.h"
 
 namespace ckpt::torch {
@@ -67,8 +68,10 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   tf.prefix = first.substr(0, slash);
   std::string root = tf.prefix + "/";
   if (a.Find(root + "constants.pkl") != nullptr) {
-    Fail("this is a TorchScript archive (it has {}constants.pkl), not a torch.save checkpoint",
-         root);
+    Fail(
+        "this is a TorchScript archive (it has {}constants.pkl), not a torch.save checkpoint: "
+        "torch.load hands it to torch.jit.load, which runs the TorchScript code inside",
+        root);
   }
   const zip::Entry* pkl = a.Find(root + "data.pkl");
   if (pkl == nullptr) Fail("no {}data.pkl record: not a torch checkpoint", root);
@@ -92,13 +95,14 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   tf.pickle_size = pkl->compressed_size;
   tf.AddRegion("pickle", pkl->compressed_size);
   pickle::ParseResult parsed = WithContext(pkl->name, [&] {
-    return pickle::Parse(pb, pkl->method == zip::Method::kStored ? pkl->data_offset : 0,
-                         options.limits);
+    return ParseTorchPickle(pb, pkl->method == zip::Method::kStored ? pkl->data_offset : 0,
+                            options.limits);
   });
   if (parsed.end != pb.size()) {
     tf.model.problems.push_back(
         {pkl->name, fmt::format("{} bytes after the pickle's STOP", pb.size() - parsed.end)});
   }
+  for (const std::string& odd : parsed.anomalies) tf.model.problems.push_back({pkl->name, odd});
   if (parsed.leftover) {
     tf.model.problems.push_back(
         {pkl->name,

@@ -24,6 +24,9 @@ from py311_fixtures import (GETATTR, G, X, Access, Color, Kind, Mode, Perm, Plai
                             lightning_checkpoint, memo_index_of_global, opcodes, put, run_python)
 
 WEIGHTS_ONLY_NOTE = "not on torch's weights_only allowlist"
+# Perm(0) pickles as a call of the test's own Flag class with a value: a call of a class on no
+# allowlist, which the user accepts by trusting the module.
+TRUST = ("--trust", "ckpt_enums")
 
 
 def globals_section(text):
@@ -51,10 +54,10 @@ def bf16_check(test):
 
 
 class EnumCase(CkptTestCase):
-    def assertAcceptedAttributeReads(self, p, obj, extra_refused=()):
+    def assertAcceptedAttributeReads(self, p, obj, extra_refused=(), trust=()):
         """inspect lists every member read as an off-allowlist `(getattr)` row and never the raw
         getattr; nothing is unsafe; verify passes with a weights_only note naming the classes."""
-        report = inspect(p)
+        report = json.loads(run("inspect", "--json", p, *trust).stdout)["files"][0]
         reads = enum_read_names(obj)
         self.assertTrue(reads)
         names = report["globals"]
@@ -76,14 +79,14 @@ class EnumCase(CkptTestCase):
             self.assertEqual(d["class"] == "other", name in report["weights_only_refused_globals"], d)
             if d["getattr"]:
                 self.assertEqual(d["raw"], name[:-len(" (getattr)")], d)
-        rows = globals_section(run("inspect", p).stdout)
+        rows = globals_section(run("inspect", p, *trust).stdout)
         for read in reads:
             row = next((r for r in rows if r.startswith(read)), None)
             self.assertIsNotNone(row, (read, rows))
             self.assertTrue(row.endswith(WEIGHTS_ONLY_NOTE), row)
         self.assertFalse([r for r in rows if "UNSAFE" in r
                           or r.split()[0] in ("builtins.getattr", "__builtin__.getattr")], rows)
-        out = run("verify", p).stdout
+        out = run("verify", p, *trust).stdout
         self.assertIn(": OK", out)
         self.assertNotIn("can run code", out)
         note = [l for l in out.splitlines() if l.startswith("  note: ") and "weights_only=True" in l]
@@ -133,8 +136,20 @@ class PicklesAsPython311WritesThem(EnumCase):
         p = self.path("every.pt")
         torch.save(obj, p)
         report = self.assertAcceptedAttributeReads(
-            p, obj, extra_refused=["_operator.or_", "ckpt_enums.Perm", "ckpt_enums.RunConfig", "ckpt_enums.PlainState"])
+            p, obj, extra_refused=["_operator.or_", "ckpt_enums.Perm", "ckpt_enums.RunConfig", "ckpt_enums.PlainState"],
+            trust=TRUST)
         self.assertReportMatchesTorch(report, torch.load(p))
+        # Without the trust, the one call of a class (Perm(0)) is a finding; the reads, the
+        # dataclass and the plain object rebuilt from their state are not.
+        untrusted = inspect(p)
+        self.assertEqual([c["what"] for c in untrusted["unsafe_calls"]], ["calls ckpt_enums.Perm"])
+        verdicts = {d["name"]: d["verdict"] for d in untrusted["globals_detail"]}
+        self.assertEqual(verdicts["ckpt_enums.Perm"], "calls")
+        self.assertEqual(verdicts["ckpt_enums.RunConfig"], "reconstructed")
+        self.assertEqual(verdicts["_operator.or_"], "allowed")
+        r = run("verify", p, expect=1)
+        self.assertIn("calls ckpt_enums.Perm when loaded", r.stdout)
+        self.assertIn("--trust ckpt_enums", r.stdout)
 
     def test_each_place_alone(self):
         """One file per kind and place, so a failure names the form that is not accepted."""
@@ -164,12 +179,17 @@ class PicklesAsPython311WritesThem(EnumCase):
                 obj = {"w": torch.arange(64.0)[8:40], "value": value}
                 p = self.path("one.pt")
                 torch.save(obj, p)
+                trust = ()
+                if place.startswith("Flag(0)"):
+                    self.assertIn("calls ckpt_enums.Perm when loaded", run("verify", p, expect=1).stdout)
+                    self.assertIn("--trust MODULE", run("shrink", p, expect=1).stderr)
+                    trust = TRUST
                 if enum_read_names(obj):
-                    self.assertAcceptedAttributeReads(p, obj)
+                    self.assertAcceptedAttributeReads(p, obj, trust=trust)
                 else:
                     self.assertEqual(inspect(p)["unsafe_globals"], [])
-                    self.assertIn("weights_only=True", run("verify", p).stdout)
-                run("shrink", p)
+                    self.assertIn("weights_only=True", run("verify", p, *trust).stdout)
+                run("shrink", p, *trust)
                 self.assertEqual(inspect(p)["wasted_bytes"], 0)
                 self.assertLoadsIdentical(p, obj)
 
@@ -181,26 +201,26 @@ class PicklesAsPython311WritesThem(EnumCase):
 
         p = self.path("shrunk.pt")
         shutil.copy(src, p)
-        r = run("shrink", p)
+        r = run("shrink", p, *TRUST)
         self.assertNotIn("--allow-unsafe-globals", r.stdout + r.stderr)
         after = inspect(p)
         self.assertEqual(after["wasted_bytes"], 0)
         self.assertLess(os.path.getsize(p), os.path.getsize(src))
         self.assertEqual(sorted(after["weights_only_refused_globals"]), refused_before)
-        self.assertAcceptedAttributeReads(p, obj)
+        self.assertAcceptedAttributeReads(p, obj, trust=TRUST)
         self.assertLoadsIdentical(p, obj)
 
         p = self.path("stripped.pt")
-        run("strip", src, "-o", p)
+        run("strip", src, "-o", p, *TRUST)
         expected = {k: v for k, v in obj.items() if k != "optimizer"}
         self.assertNotIn("optimizer", torch.load(p))
         self.assertLoadsIdentical(p, expected)
-        self.assertAcceptedAttributeReads(p, expected)
+        self.assertAcceptedAttributeReads(p, expected, trust=TRUST)
 
         p = self.path("bf16.pt")
-        run("convert", "--dtype", "bf16", "-o", p, src)
+        run("convert", "--dtype", "bf16", "-o", p, src, *TRUST)
         self.assertLoadsIdentical(p, obj, tensor_check=bf16_check(self))
-        self.assertAcceptedAttributeReads(p, obj)
+        self.assertAcceptedAttributeReads(p, obj, trust=TRUST)
 
         source = read_bytes(src)
         out = self.path("model.safetensors")

@@ -29,6 +29,8 @@ struct ConvertCliOptions {
   std::vector<std::string> keep;
   std::vector<std::string> only;
   bool keep_1d = false;
+  bool include_optimizer = false;
+  bool lossy = false;
   unsigned threads = DefaultThreads();
   bool json = false;
   bool allow_unsafe_globals = false;
@@ -47,6 +49,8 @@ int RunConvert(ConvertCliOptions o) {
   co.keep = o.keep;
   co.only = o.only;
   co.keep_1d = o.keep_1d;
+  co.include_optimizer = o.include_optimizer;
+  co.lossy = o.lossy;
   co.allow_unsafe_globals = o.allow_unsafe_globals;
   co.trust.patterns = o.trust;
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype);
@@ -96,12 +100,26 @@ int RunConvert(ConvertCliOptions o) {
                               {"after", r.after},
                               {"converted_tensors", r.converted},
                               {"kept_float32_tensors", r.kept_float32},
+                              {"kept_training_state_tensors", r.kept_training},
+                              {"kept", r.kept},
+                              {"lost_precision", r.lost_precision},
                               {"warnings", r.warnings}});
     } else {
-      std::cout << fmt::format(
-          "{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
-          "{} float32 kept)\n",
-          r.path, r.output, MiB(r.before), MiB(r.after), r.converted, r.kept_float32);
+      std::cout << Printable(fmt::format(
+                       "{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
+                       "{} float32 kept)",
+                       r.path, r.output, MiB(r.before), MiB(r.after), r.converted,
+                       r.kept_float32))
+                << "\n";
+      if (r.kept_training && !o.include_optimizer) {
+        std::cout << fmt::format(
+            "  kept as they are: {} tensors of training state (optimizer, scheduler, RNG; "
+            "--include-optimizer converts them)\n",
+            r.kept_training);
+      }
+      for (const std::string& k : r.kept) std::cout << "  kept float32: " << Printable(k) << "\n";
+      for (const std::string& l : r.lost_precision)
+        std::cout << "  lost precision: " << Printable(l) << "\n";
     }
   }
   for (const PathPair& j : tree.copies) {
@@ -148,6 +166,12 @@ Runner AddConvert(CLI::App& app) {
   app.add_option("--keep", o->keep, "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
   app.add_option("--only", o->only, "Convert only tensors whose name matches one of these globs");
   app.add_flag("--keep-1d", o->keep_1d, "Keep 1-D tensors (norms, biases) in float32");
+  app.add_flag("--include-optimizer", o->include_optimizer,
+               "Convert training state too (optimizer moments, schedulers; never counters "
+               "that would change, never DeepSpeed's fp32 master weights)");
+  app.add_flag("--lossy", o->lossy,
+               "Also convert tensors whose values would change beyond rounding (overflow to "
+               "infinity, flush to zero, whole numbers that change); the report lists them");
   AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
   return [o] { return RunConvert(*o); };
 }

@@ -27,6 +27,7 @@ struct ExportCliOptions {
   std::vector<std::string> sources;
   std::string to;
   std::string select;
+  bool all = false;
   std::string dtype;
   std::string max_shard_size;
   std::string tag;
@@ -93,6 +94,7 @@ int RunExport(const ExportCliOptions& o) {
   RankTeam team;
   ExportOptions eo;
   eo.select = o.select;
+  eo.all = o.all;
   if (o.dtype == "bf16") eo.to = kernels::Half::kBFloat16;
   if (o.dtype == "fp16") eo.to = kernels::Half::kFloat16;
   if (!o.max_shard_size.empty()) eo.max_shard_size = ParseSize(o.max_shard_size);
@@ -147,6 +149,9 @@ Runner AddExport(CLI::App& app) {
   app.add_option(
       "--select", o->select,
       "Key path of the sub-object to export (default: state_dict, module, model... when present)");
+  app.add_flag("--all", o->all,
+               "Everything the checkpoint holds: training state (optimizer, scheduler, RNG) and "
+               "training-only files too, not just the model");
   app.add_option("--dtype", o->dtype, "Also store float32 tensors as bf16 or fp16")
       ->check(CLI::IsMember({"bf16", "fp16"}));
   app.add_option("--max-shard-size", o->max_shard_size,

@@ -15,12 +15,15 @@
 #include "io/checked_ranges.h"
 #include "io/file_copy.h"
 #include "io/parallel_crc.h"
+#include "io/parallel.h"
 #include "io/range_stream.h"
 #include "ops/checkpoint_file.h"
 #include "ops/piece_writer.h"
 #include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
+#include "ops/training_state.h"
+#include "kernels/conversion_loss.h"
 #include "safetensors/safetensors_writer.h"
 
 namespace ckpt {
@@ -61,21 +64,56 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
   };
   std::vector<bool> bare(rp.storages.size(), false);
   for (int32_t b : rp.bare_storage) bare[b] = true;
-  bool any = false;
+  TrainingState training(f.path, &m.graph);
+  // By default the model's weights (ModelKey) are converted; --only names others.
+  const std::string model_key = ModelKey(m);
+  auto in_model = [&](const torch::NameList& names) {
+    for (std::string_view n : names) {
+      if (UnderKey(n, model_key)) return true;
+    }
+    return false;
+  };
+  // First what the names and dtypes decide; then the values of each candidate, measured on
+  // every thread in pieces.
+  struct Candidate {
+    size_t storage;
+    std::vector<std::string> names;
+    bool training;
+  };
+  std::vector<Candidate> candidates;
   for (size_t c = 0; c < rp.storages.size(); ++c) {
     PlannedStorage& s = rp.storages[c];
     const torch::Storage& src = m.storages[s.source];
     std::vector<std::string> yes, no;
-    bool float32 = !members(c).empty();
+    bool float32 = !members(c).empty(), in_training = false, master = false;
     for (size_t j : members(c)) {
       const torch::Tensor& t = m.tensors[j];
       if (t.dtype != torch::DType::kFloat32) float32 = false;
-      (SelectedForConversion(t.names, t.shape.size(), o) ? yes : no).emplace_back(t.names[0]);
+      bool training_state = training.Contains(t.names);
+      in_training |= training_state;
+      for (std::string_view n : t.names) master |= IsMasterWeightName(n);
+      // Training state asked for by --include-optimizer, or by name with --only.
+      bool wanted = o.only.empty() ? (training_state ? o.include_optimizer : in_model(t.names))
+                                   : true;
+      (wanted && SelectedForConversion(t.names, t.shape.size(), o) ? yes : no)
+          .emplace_back(t.names[0]);
     }
     bool typed_ok =
         src.dtype == torch::DType::kFloat32 ||
         (src.dtype == torch::DType::kUntyped && s.begin % 4 == 0 && (s.end - s.begin) % 4 == 0);
     if (!float32 || !typed_ok || bare[c] || src.compressed) {
+      continue;
+    }
+    if (master) {
+      r.kept_float32 += yes.size() + no.size();
+      r.kept_training += yes.size() + no.size();
+      r.kept.push_back(JoinNames(yes.empty() ? no : yes) +
+                       ": DeepSpeed's fp32 master weights are never converted");
+      continue;
+    }
+    if (in_training && yes.empty()) {
+      r.kept_float32 += no.size();
+      r.kept_training += no.size();
       continue;
     }
     if (yes.empty()) {
@@ -89,9 +127,48 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
       r.kept_float32 += yes.size() + no.size();
       continue;
     }
+    candidates.push_back({c, std::move(yes), in_training});
+  }
+  std::vector<kernels::ConversionLoss> loss(candidates.size());
+  {
+    constexpr uint64_t kPiece = 16u << 20;  // bytes measured per job
+    std::vector<std::pair<size_t, uint64_t>> jobs;  // (candidate, offset in its span)
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      const PlannedStorage& s = rp.storages[candidates[k].storage];
+      for (uint64_t off = 0; off < s.end - s.begin; off += kPiece) jobs.emplace_back(k, off);
+    }
+    std::vector<kernels::ConversionLoss> parts(jobs.size());
+    Bytes bytes = f.map.bytes();
+    ParallelFor(jobs.size(), o.threads, [&](size_t i) {
+      const PlannedStorage& s = rp.storages[candidates[jobs[i].first].storage];
+      const torch::Storage& src = m.storages[s.source];
+      uint64_t len = std::min<uint64_t>(kPiece, s.end - s.begin - jobs[i].second);
+      Bytes span = Slice(bytes, src.data_offset + s.begin + jobs[i].second, len);
+      parts[i] = kernels::MeasureLoss(o.to, span.data(), len / 4);
+    });
+    for (size_t i = 0; i < jobs.size(); ++i) loss[jobs[i].first].Add(parts[i]);
+    f.map.Release(0, f.map.size());
+  }
+  bool any = false;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const Candidate& cand = candidates[k];
+    std::string why = loss[k].Reason(o.to);
+    if (!why.empty() && !o.lossy) {
+      r.kept_float32 += cand.names.size();
+      r.kept.push_back(JoinNames(cand.names) + ": " + why);
+      continue;
+    }
+    if (!why.empty()) {
+      r.lost_precision.push_back(JoinNames(cand.names) + ": " + why);
+    } else if (cand.training && loss[k].to_zero + loss[k].to_subnormal) {
+      r.lost_precision.push_back(fmt::format("{}: {} values became zero or subnormal",
+                                             JoinNames(cand.names),
+                                             loss[k].to_zero + loss[k].to_subnormal));
+    }
+    PlannedStorage& s = rp.storages[cand.storage];
     s.convert = true;
     s.to = o.to;
-    r.converted += yes.size();
+    r.converted += cand.names.size();
     any = true;
   }
   if (!any && !plan.changes) {
@@ -133,18 +210,35 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
                                  const ConvertOptions& o, ConvertResult r) {
   const safetensors::File& st = *f.st;
   std::vector<TensorConversion> plan;
-  for (const safetensors::TensorEntry& e : st.tensors) {
+  // What each selected float32 tensor's values would lose, measured on every thread.
+  std::vector<kernels::ConversionLoss> loss(st.tensors.size());
+  std::vector<bool> selected(st.tensors.size(), false);
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    const safetensors::TensorEntry& e = st.tensors[i];
+    selected[i] = e.dtype == "F32" && SelectedForConversion(torch::NameList{e.name}, e.shape.size(), o);
+  }
+  ParallelFor(st.tensors.size(), o.threads, [&](size_t i) {
+    if (!selected[i]) return;
+    const safetensors::TensorEntry& e = st.tensors[i];
+    Bytes span = Slice(f.map.bytes(), st.data_offset + e.begin, e.end - e.begin);
+    loss[i] = kernels::MeasureLoss(o.to, span.data(), span.size() / 4);
+  });
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    const safetensors::TensorEntry& e = st.tensors[i];
     TensorConversion p;
     p.in = &e;
     p.out = {e.name, e.dtype, e.shape, e.end - e.begin};
     if (e.dtype == "F32") {
-      if (SelectedForConversion(torch::NameList{e.name}, e.shape.size(), o)) {
+      std::string why = selected[i] ? loss[i].Reason(o.to) : "";
+      if (selected[i] && (why.empty() || o.lossy)) {
         p.convert = true;
         p.out.dtype = o.to == kernels::Half::kBFloat16 ? "BF16" : "F16";
         p.out.size /= 2;
         r.converted++;
+        if (!why.empty()) r.lost_precision.push_back(e.name + ": " + why);
       } else {
         r.kept_float32++;
+        if (!why.empty()) r.kept.push_back(e.name + ": " + why);
       }
     }
     plan.push_back(std::move(p));

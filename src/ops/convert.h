@@ -1,7 +1,16 @@
-// `ckptool convert`: float32 tensors to bfloat16 or float16, for torch checkpoints (which stay
-// torch checkpoints) and safetensors files (which stay safetensors). Everything else in the
-// file is untouched; tensors that share a storage are converted once and still alias, and
-// only used spans are written (the shrink plan underneath).
+// `ckptool convert`: float32 tensors of the model to bfloat16 or float16, for torch
+// checkpoints (which stay torch checkpoints) and safetensors files (which stay safetensors).
+// Everything else in the file is untouched; tensors that share a storage are converted once
+// and still alias, and only used spans are written (the shrink plan underneath).
+//
+// What stays as it is, unless asked for:
+//   - training state (training_state.h: optimizer moments and counters, schedulers, scalers,
+//     RNG state, and files that hold only those): --include-optimizer converts it too;
+//   - DeepSpeed's fp32 master weights (ZeRO partitions): never;
+//   - a tensor the conversion would change rather than round (kernels/conversion_loss.h:
+//     values that would overflow, mostly underflow, or whole numbers that would change):
+//     --lossy converts it too.
+// The result lists each kept tensor and why, and what lost precision.
 #pragma once
 
 #include "torch/global_policy.h"
@@ -21,6 +30,8 @@ struct ConvertOptions {
   std::vector<std::string> keep;  // tensor-name globs that stay float32
   std::vector<std::string> only;  // when set, convert only names matching one of these
   bool keep_1d = false;           // 1-D tensors (norms, biases) stay float32
+  bool include_optimizer = false;  // convert training state too (never fp32 master weights)
+  bool lossy = false;  // convert tensors whose values conversion would change, too
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
   torch::Trust trust;  // modules whose calls are accepted (--trust)
@@ -35,6 +46,13 @@ struct ConvertResult {
   uint64_t storage_bytes = 0;  // tensor data in the output, each storage once
   uint64_t converted = 0;      // tensors converted
   uint64_t kept_float32 = 0;   // float32 tensors left as they were
+  uint64_t kept_training = 0;  // of those, training state (not asked for)
+  // Float32 tensors kept because converting would change them, and why ("optimizer.state.0.step:
+  // it holds whole numbers and 1 of them would change in bfloat16").
+  std::vector<std::string> kept;
+  // Tensors converted although values changed beyond rounding (--lossy), or training state
+  // converted (--include-optimizer) that lost values to zero or subnormals.
+  std::vector<std::string> lost_precision;
   std::vector<std::string> warnings;
 };
 

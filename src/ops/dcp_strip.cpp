@@ -197,6 +197,11 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
   }
   if (dropped_fqns.empty()) {
     r.note = "nothing to drop";
+    r.after = r.before;  // the folder stays as it is, byte for byte
+    if (!o.dry_run && !o.output.empty()) {
+      CopyFolderAtomically(folder, o.output);
+      r.output = o.output;
+    }
     return r;
   }
   if (o.dry_run) return r;

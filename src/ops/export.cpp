@@ -31,6 +31,8 @@
 #include "ops/safetensors_output.h"
 #include "ops/tensor_bytes.h"
 #include "ops/zero_export.h"
+#include "ops/training_state.h"
+#include "safetensors/shard_index.h"
 #include "torch/global_policy.h"
 
 namespace ckpt {
@@ -42,7 +44,7 @@ namespace {
 // One tensor to write: where it comes from and what it becomes.
 struct ExportedTensor {
   size_t file = 0;
-  size_t tensor = 0;
+  size_t tensor = 0;  // into the file's torch tensor table, or its safetensors entries
   std::string name;                             // kept name
   torch::DType dtype = torch::DType::kFloat32;  // as written
   bool convert = false;
@@ -50,22 +52,56 @@ struct ExportedTensor {
   uint32_t crc = 0;
 };
 
-std::vector<std::string> SourceFiles(const std::vector<std::string>& sources) {
+// The model's files in a folder (a Hugging Face model or checkpoint folder, a folder of
+// shards): those an index (*.index.json with a weight_map) names, else the safetensors files,
+// else the torch files; training-only files (optimizer.pt, rng_state.pth...) and
+// training_args.bin only with `all`; links (Lightning's last.ckpt) never: they repeat a file.
+std::vector<std::string> ModelFilesIn(const std::string& folder, bool all) {
+  std::vector<std::string> safetensors, torch_files;
+  std::set<std::string> indexed;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    std::error_code ec;
+    if (e.is_symlink(ec) || !e.is_regular_file(ec)) continue;
+    std::string path = e.path().string(), name = e.path().filename().string();
+    if (name.ends_with(".index.json")) {
+      for (const std::string& shard : safetensors::WeightMapFiles(path)) {
+        indexed.insert((fs::path(folder) / shard).string());
+      }
+      continue;
+    }
+    if (!all && (IsTrainingOnlyFile(path) || name == "training_args.bin")) continue;
+    MappedFile m = MappedFile::Open(path);
+    std::optional<Format> f = DetectFormat(m.bytes());
+    if (!f) continue;
+    (*f == Format::kSafetensors ? safetensors : torch_files).push_back(path);
+  }
+  std::vector<std::string> found;
+  if (!indexed.empty()) {
+    found.assign(indexed.begin(), indexed.end());
+    if (all) {  // the training files beside the model's shards
+      for (const std::string& t : torch_files) {
+        if (!indexed.count(t) && IsTrainingOnlyFile(t)) found.push_back(t);
+      }
+    }
+  } else if (!safetensors.empty()) {
+    found = safetensors;
+    if (all) found.insert(found.end(), torch_files.begin(), torch_files.end());
+  } else {
+    found = torch_files;
+  }
+  std::sort(found.begin(), found.end());
+  if (found.empty()) Fail("{}: no model files in this folder", folder);
+  return found;
+}
+
+std::vector<std::string> SourceFiles(const std::vector<std::string>& sources, bool all) {
   std::vector<std::string> files;
   for (const std::string& s : sources) {
     if (!fs::is_directory(s)) {
       files.push_back(s);
       continue;
     }
-    std::vector<std::string> found;
-    for (const auto& e : fs::directory_iterator(s)) {
-      if (!e.is_regular_file()) continue;
-      MappedFile m = MappedFile::Open(e.path().string());
-      auto f = DetectFormat(m.bytes());
-      if (f && *f != Format::kSafetensors) found.push_back(e.path().string());
-    }
-    std::sort(found.begin(), found.end());
-    if (found.empty()) Fail("{}: no torch checkpoints in this folder", s);
+    std::vector<std::string> found = ModelFilesIn(s, all);
     files.insert(files.end(), found.begin(), found.end());
   }
   return files;
@@ -79,11 +115,21 @@ std::string Relative(std::string_view name, const std::string& prefix) {
   return std::string(prefix.empty() ? name : name.substr(prefix.size() + 1));
 }
 
-std::string ChooseSelection(const torch::Model& m, const std::string& requested) {
+// --select, else the model's key in a training checkpoint (ModelKey), else everything.
+std::string ChooseSelection(const std::vector<std::unique_ptr<CheckpointFile>>& files,
+                            const std::string& requested, bool all) {
   auto has = [&](const std::string& prefix) {
-    for (const torch::Tensor& t : m.tensors) {
-      for (std::string_view n : t.names) {
-        if (UnderPrefix(n, prefix)) return true;
+    for (const auto& f : files) {
+      if (f->st) {
+        for (const safetensors::TensorEntry& e : f->st->tensors) {
+          if (UnderPrefix(e.name, prefix)) return true;
+        }
+        continue;
+      }
+      for (const torch::Tensor& t : f->torch->model.tensors) {
+        for (std::string_view n : t.names) {
+          if (UnderPrefix(n, prefix)) return true;
+        }
       }
     }
     return false;
@@ -92,20 +138,30 @@ std::string ChooseSelection(const torch::Model& m, const std::string& requested)
     if (!has(requested)) Fail("--select {}: no tensors under that path", requested);
     return requested;
   }
-  for (const char* candidate : {"state_dict", "module", "model_state_dict", "model"}) {
-    if (has(candidate)) return candidate;
-  }
-  return "";
+  if (all || !files[0]->torch) return "";
+  return ModelKey(files[0]->torch->model);
 }
 
 // A torch tensor as a safetensors source: contiguous ones are cut into parallel pieces;
 // strided ones are gathered in one go.
 TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
                       std::optional<kernels::Half> to) {
-  const torch::Tensor& t = f.torch->model.tensors[it.tensor];
-  TensorSource src{it.name, it.dtype, t.shape, it.size, !IsContiguous(t), nullptr};
   std::optional<kernels::Half> convert = it.convert ? to : std::nullopt;
   uint64_t scale = it.convert ? 2 : 1;
+  if (f.st) {  // a safetensors tensor: one contiguous range
+    const safetensors::TensorEntry& e = f.st->tensors[it.tensor];
+    TensorSource src{it.name, it.dtype, e.shape, it.size, false, nullptr};
+    uint64_t at = f.st->data_offset + e.begin;
+    src.input = &f.map;
+    src.input_range = {at, it.size * scale};
+    src.write = [&f, at, convert, scale](AtomicOutput& out, uint64_t dst, uint64_t off,
+                                         uint64_t len) {
+      return WriteRange(out, dst, f.map, at + off * scale, len * scale, convert, nullptr);
+    };
+    return src;
+  }
+  const torch::Tensor& t = f.torch->model.tensors[it.tensor];
+  TensorSource src{it.name, it.dtype, t.shape, it.size, !IsContiguous(t), nullptr};
   std::string name = it.name;
   if (IsContiguous(t) && t.storage >= 0) {
     const torch::Storage& s = f.torch->model.storages[t.storage];
@@ -213,9 +269,12 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
   ExportResult r;
   std::vector<std::unique_ptr<CheckpointFile>> files;
-  for (const std::string& path : SourceFiles(sources)) {
+  for (const std::string& path : SourceFiles(sources, o.all)) {
     auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(path));
-    if (!f->torch) Fail("{}: already safetensors (use ckptool convert to change dtypes)", path);
+    if (!f->torch) {
+      files.push_back(std::move(f));
+      continue;
+    }
     const torch::Model& m = f->torch->model;
     if (!m.problems.empty())
       Fail("{}: {}: {} (run ckptool verify)", path, m.problems[0].where, m.problems[0].what);
@@ -225,15 +284,47 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     }
     files.push_back(std::move(f));
   }
-  r.selected = ChooseSelection(files[0]->torch->model, o.select);
+  r.selected = ChooseSelection(files, o.select, o.all);
 
   // Group identical views; every group is written once under its first name in sort order.
   std::vector<ExportedTensor> items;
   std::map<std::string, std::string> aliases;  // alias -> kept
   size_t all_tensors = 0;
-  for (const auto& f : files) all_tensors += f->torch->model.tensors.size();
+  for (const auto& f : files) all_tensors += f->torch ? f->torch->model.tensors.size() : f->st->tensors.size();
   items.reserve(all_tensors);
+  std::unordered_map<std::string, size_t> file_of;  // exported name -> file (shards are disjoint)
+  auto claim = [&](const std::string& name, size_t fi) {
+    auto [it, fresh] = file_of.try_emplace(name, fi);
+    if (!fresh && it->second != fi) {
+      Fail("'{}' is in both {} and {}: these are separate checkpoints, not the shards of one "
+           "model; export one of them",
+           name, files[it->second]->path, files[fi]->path);
+    }
+  };
   for (size_t fi = 0; fi < files.size(); ++fi) {
+    if (files[fi]->st) {
+      const safetensors::File& st = *files[fi]->st;
+      for (size_t ti = 0; ti < st.tensors.size(); ++ti) {
+        const safetensors::TensorEntry& e = st.tensors[ti];
+        if (!UnderPrefix(e.name, r.selected)) continue;
+        std::optional<torch::DType> dtype = torch::FromSafetensors(e.dtype);
+        if (!dtype) Fail("tensor '{}': torch has no {} dtype", e.name, e.dtype);
+        ExportedTensor it;
+        it.file = fi;
+        it.tensor = ti;
+        it.name = Relative(e.name, r.selected);
+        it.dtype = *dtype;
+        it.size = e.end - e.begin;
+        if (o.to && *dtype == torch::DType::kFloat32) {
+          it.convert = true;
+          it.dtype = *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+          it.size /= 2;
+        }
+        claim(it.name, fi);
+        items.push_back(it);
+      }
+      continue;
+    }
     const torch::Model& m = files[fi]->torch->model;
     // Views with the same storage, start, dtype, shape and stride are one group, found by
     // hashing those fields of the tensor table (no copy of them per tensor).
@@ -269,6 +360,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
       std::string_view st_dtype = torch::Info(t.dtype).safetensors;
       if (st_dtype.empty())
         Fail("tensor '{}': safetensors has no {} dtype", shown, torch::Name(t.dtype));
+      for (const std::string& n : names) claim(n, fi);
       auto [g, fresh] = groups.emplace(ti, items.size());
       if (fresh) {
         ExportedTensor it;
@@ -297,7 +389,9 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   }
   // From here on only the tensor table and the mapped bytes are read: the object graph (most
   // of a model's memory at 10^5 tensors) goes before the output is written and read back.
-  for (const auto& f : files) f->torch->model.graph.Release();
+  for (const auto& f : files) {
+    if (f->torch) f->torch->model.graph.Release();
+  }
   for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
     while (aliases.count(kept)) kept = aliases[kept];
   }
@@ -306,6 +400,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   std::vector<uint32_t> by_position(items.size());
   for (uint32_t i = 0; i < by_position.size(); ++i) by_position[i] = i;
   auto position = [&](const ExportedTensor& it) {
+    if (files[it.file]->st) {
+      const safetensors::File& st = *files[it.file]->st;
+      return std::make_pair(it.file, st.data_offset + st.tensors[it.tensor].begin);
+    }
     const torch::Model& m = files[it.file]->torch->model;
     const torch::Tensor& t = m.tensors[it.tensor];
     return std::make_pair(it.file, m.storages[t.storage].data_offset + t.byte_begin);

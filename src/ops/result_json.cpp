@@ -59,6 +59,9 @@ void to_json(json& j, const ConvertResult& r) {
        {"storage_bytes", r.storage_bytes},
        {"converted", r.converted},
        {"kept_float32", r.kept_float32},
+       {"kept_training", r.kept_training},
+       {"kept", r.kept},
+       {"lost_precision", r.lost_precision},
        {"warnings", r.warnings}};
 }
 void from_json(const json& j, ConvertResult& r) {
@@ -69,6 +72,9 @@ void from_json(const json& j, ConvertResult& r) {
   j.at("storage_bytes").get_to(r.storage_bytes);
   j.at("converted").get_to(r.converted);
   j.at("kept_float32").get_to(r.kept_float32);
+  j.at("kept_training").get_to(r.kept_training);
+  j.at("kept").get_to(r.kept);
+  j.at("lost_precision").get_to(r.lost_precision);
   j.at("warnings").get_to(r.warnings);
 }
 

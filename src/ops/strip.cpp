@@ -8,10 +8,12 @@
 #include <unordered_set>
 
 #include "base/error.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "base/names.h"
 #include "io/file_copy.h"
 #include "ops/checkpoint_file.h"
 #include "ops/rewritable.h"
+#include "ops/training_state.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 #include "pickle/path_walker.h"
@@ -22,37 +24,34 @@ namespace fs = std::filesystem;
 using pickle::NodeId;
 using pickle::PathWalker;
 
-const std::vector<std::string>& OptimizerStateKeys() {
-  static const std::vector<std::string> keys = {
-      "optim",       "optimizer", "optimizers", "optimizer_states", "optimizer_state_dict",
-      "optim_state", "opt_state"};
-  return keys;
+namespace {
+
+// ZeRO-3 keeps only placeholders in its model states files: the optimizer states files hold
+// the one copy of the trainable weights (fp32 partitions), so they are not training-only.
+// A folder that cannot be read as a ZeRO checkpoint keeps them too.
+bool OptimizerFilesHoldTheWeights(const std::string& folder) {
+  if (!deepspeed::LooksLikeZeroCheckpoint(folder)) return false;
+  try {
+    return deepspeed::OpenZeroCheckpoint(folder).stage == 3;
+  } catch (const Error&) {
+    return true;
+  }
 }
 
-const std::vector<std::string>& DefaultDropKeys() {
-  static const std::vector<std::string> keys = {
-      "optimizer",      "optimizer_states", "optimizer_state_dict", "optim_state",
-      "opt_state",      "lr_scheduler",     "lr_schedulers",        "scheduler",
-      "schedulers",     "scaler",           "grad_scaler",          "amp",
-      "amp_scaler",     "rng_state",        "rng_states",           "torch_rng_state",
-      "cuda_rng_state", "numpy_rng_state",  "python_rng_state",     "random_state"};
-  return keys;
-}
-
-bool IsTrainingOnlyFile(const std::string& path) {
-  std::string name = fs::path(path).filename().string();
-  static const std::vector<std::string> kGlobs = {
-      "*optim_states.pt", "optimizer.pt",  "optimizer.bin",  "optimizer.pth",
-      "scheduler.pt",     "scheduler.pth", "rng_state*.pth", "scaler.pt"};
-  return MatchesAnyGlob(kGlobs, name);
-}
+}  // namespace
 
 std::vector<std::string> TrainingOnlyFiles(const std::string& folder) {
   std::vector<std::string> out;
+  std::map<std::string, bool> holds_weights;  // folder -> OptimizerFilesHoldTheWeights
   for (const auto& e : fs::recursive_directory_iterator(folder)) {
-    if (e.is_regular_file() && !e.is_symlink() && IsTrainingOnlyFile(e.path().string())) {
-      out.push_back(e.path().string());
+    if (!e.is_regular_file() || e.is_symlink() || !IsTrainingOnlyFile(e.path().string())) continue;
+    if (e.path().filename().string().ends_with("optim_states.pt")) {
+      std::string parent = e.path().parent_path().string();
+      auto [it, fresh] = holds_weights.try_emplace(parent, false);
+      if (fresh) it->second = OptimizerFilesHoldTheWeights(parent);
+      if (it->second) continue;
     }
+    out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -65,7 +64,9 @@ StripTargets CollectStripTargets(const std::vector<std::string>& paths) {
       std::vector<std::string> training = TrainingOnlyFiles(p);
       t.training_files.insert(t.training_files.end(), training.begin(), training.end());
       for (const std::string& f : ExpandInputs({p}, nullptr, &t.dcp_folders)) {
-        if (!IsTrainingOnlyFile(f)) t.files.push_back(f);
+        // The model's safetensors files (Hugging Face) have nothing to strip.
+        if (IsTrainingOnlyFile(f) || f.ends_with(".safetensors")) continue;
+        t.files.push_back(f);
       }
     } else {
       t.files.push_back(p);
@@ -268,7 +269,12 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   r.output = o.output.empty() ? path : o.output;
   CheckpointFile f = OpenCheckpoint(path);
   r.before = r.after = f.map.size();
-  if (!f.torch) Fail("{}: safetensors files hold only tensors; nothing to strip", path);
+  if (!f.torch) {
+    // The model weights of a Hugging Face checkpoint: kept as they are (copied to -o).
+    r.note = "safetensors files hold only tensors: nothing to strip";
+    if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
+    return r;
+  }
   CheckRewritable(f, o.allow_unsafe_globals, o.trust);
   torch::TorchFile& tf = *f.torch;
   {

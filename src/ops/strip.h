@@ -3,6 +3,7 @@
 // disappear, the rest is written as shrink writes it (used spans only, aliasing kept).
 #pragma once
 
+#include "ops/training_state.h"
 #include "torch/global_policy.h"
 
 #include <cstdint>
@@ -40,13 +41,6 @@ struct StripResult {
   std::string note;  // why nothing was written although something could go
 };
 
-// Top-level keys dropped by default: plain training dicts, PyTorch Lightning .ckpt, DeepSpeed
-// model states.
-const std::vector<std::string>& DefaultDropKeys();
-// Top-level keys of optimizer state in the flat fqns of sharded checkpoints (DCP: torchtitan,
-// FSDP, Megatron, Lightning): what strip drops from them by default.
-const std::vector<std::string>& OptimizerStateKeys();
-
 StripResult StripFile(const std::string& path, const StripOptions& options);
 
 // The object part of StripFile: removes from `g` the dict entries (and object attributes)
@@ -54,10 +48,9 @@ StripResult StripFile(const std::string& path, const StripOptions& options);
 // reports them.
 std::vector<std::string> StripGraph(pickle::Graph& g, const StripOptions& options);
 
-// Files in a checkpoint folder that only training needs (DeepSpeed *optim_states.pt, HF
-// Trainer optimizer.pt / scheduler.pt / rng_state*.pth / scaler.pt), recursively, sorted.
+// Files in a checkpoint folder that only training needs (training_state.h), recursively,
+// sorted; a ZeRO-3 folder's optimizer files hold the only copy of its weights and stay.
 std::vector<std::string> TrainingOnlyFiles(const std::string& folder);
-bool IsTrainingOnlyFile(const std::string& path);
 
 // What strip works on for the paths it is given: files as given; below folders, every
 // checkpoint file but the training-only ones, each torch.distributed.checkpoint folder as one

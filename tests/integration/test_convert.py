@@ -59,7 +59,8 @@ class ConvertTest(CkptTestCase):
                     env = dict(os.environ, CKPT_KERNEL=kernel)
                     import subprocess
                     from ckpt_testlib import CKPTOOL
-                    r = subprocess.run([CKPTOOL, "convert", "--dtype", flag, p, "-o", out],
+                    # --lossy: the sample has values float16 cannot hold; converted anyway here.
+                    r = subprocess.run([CKPTOOL, "convert", "--lossy", "--dtype", flag, p, "-o", out],
                                        capture_output=True, text=True, env=env)
                     self.assertEqual(r.returncode, 0, r.stderr)
                     self.assertMatchesTorch(x, torch.load(out)["x"], dtype)
@@ -71,12 +72,15 @@ class ConvertTest(CkptTestCase):
         p = self.path("train.pt")
         torch.save(obj, p)
         out = self.path("train_bf16.pt")
-        run("convert", "--dtype", "bf16", p, "-o", out)
+        report = json.loads(run("convert", "--json", "--dtype", "bf16", p, "-o", out).stdout)["files"][0]
         original, converted = torch.load(p), torch.load(out)
         a, b = walk_tensors(original), walk_tensors(converted)
+        # The model (the "module" key, as DeepSpeed saves it) is converted; the optimizer state
+        # beside it stays as it is, and the report counts it.
+        self.assertGreater(report["kept_training_state_tensors"], 0)
         for name, t in a.items():
             with self.subTest(tensor=name):
-                if t.dtype == torch.float32:
+                if t.dtype == torch.float32 and name.startswith("module."):
                     self.assertEqual(b[name].dtype, torch.bfloat16)
                     self.assertTrue(torch.equal(t.to(torch.bfloat16), b[name]))
                 else:
@@ -89,7 +93,7 @@ class ConvertTest(CkptTestCase):
         self.assertEqual(converted["args"].lr, original["args"].lr)
         assert_torch_layout(self, out)
         run("verify", out)
-        self.assertLess(os.path.getsize(out), inspect(p)["used_bytes"] * 0.6)
+        self.assertLess(os.path.getsize(out), inspect(p)["used_bytes"])
 
     def test_keep_only_and_keep_1d(self):
         torch.manual_seed(4)
@@ -97,10 +101,13 @@ class ConvertTest(CkptTestCase):
                "optimizer": {"m": torch.randn(4, 4)}}
         p = self.path("m.pt")
         torch.save(obj, p)
+        # The optimizer's state stays float32 unless asked for (--include-optimizer, or by name).
         cases = [
-            (["--keep", "*norm*"], {"model.w": True, "model.norm.weight": False, "model.b": True, "optimizer.m": True}),
-            (["--keep-1d"], {"model.w": True, "model.norm.weight": False, "model.b": False, "optimizer.m": True}),
+            (["--keep", "*norm*"], {"model.w": True, "model.norm.weight": False, "model.b": True, "optimizer.m": False}),
+            (["--keep-1d"], {"model.w": True, "model.norm.weight": False, "model.b": False, "optimizer.m": False}),
             (["--only", "model.*"], {"model.w": True, "model.norm.weight": True, "model.b": True, "optimizer.m": False}),
+            (["--include-optimizer"], {"model.w": True, "model.norm.weight": True, "model.b": True, "optimizer.m": True}),
+            (["--only", "optimizer.*"], {"model.w": False, "model.norm.weight": False, "model.b": False, "optimizer.m": True}),
         ]
         for i, (flags, expect) in enumerate(cases):
             out = self.path(f"o{i}.pt")

@@ -168,9 +168,23 @@ TEST(ResultJsonTest, ShrinkAndStripRoundTrip) {
 }
 
 TEST(ResultJsonTest, ConvertCompressDecompressVerifyRoundTrip) {
-  ConvertResult c{kOdd, "b.pt", 10, 5, 4, 3, 2, {"w1", kOdd}};
+  ConvertResult c;
+  c.path = kOdd;
+  c.output = "b.pt";
+  c.before = 10;
+  c.after = 5;
+  c.storage_bytes = 4;
+  c.converted = 3;
+  c.kept_float32 = 2;
+  c.kept_training = 1;
+  c.kept = {"optimizer.state.0.step: it holds whole numbers", kOdd};
+  c.lost_precision = {kOdd};
+  c.warnings = {"w1", kOdd};
   ConvertResult c2 = RoundTrip(c);
   EXPECT_EQ(c2.warnings, c.warnings);
+  EXPECT_EQ(c2.kept, c.kept);
+  EXPECT_EQ(c2.lost_precision, c.lost_precision);
+  EXPECT_EQ(c2.kept_training, 1u);
   EXPECT_EQ(c2.storage_bytes, 4u);
   EXPECT_EQ(c2.converted, 3u);
   EXPECT_EQ(c2.kept_float32, 2u);

@@ -1,0 +1,15 @@
+// Hugging Face's index of a sharded checkpoint (model.safetensors.index.json,
+// pytorch_model.bin.index.json): {"metadata": {"total_size": N}, "weight_map": {tensor:
+// shard file}} (huggingface_hub serialization/_base.py).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ckpt::safetensors {
+
+// The shard file names `path`'s weight_map names, sorted, each once; empty when the file is
+// no such index (not JSON, no weight_map object).
+std::vector<std::string> WeightMapFiles(const std::string& path);
+
+}  // namespace ckpt::safetensors

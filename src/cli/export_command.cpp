@@ -163,7 +163,7 @@ Runner AddExport(CLI::App& app) {
   app.footer(
       "A DeepSpeed ZeRO 1/2/3 checkpoint is consolidated as DeepSpeed's zero_to_fp32.py does: "
       "trainable "
-      "parameters in float32 from the optimizer's fp32 partitions, buffers made float32, frozen "
+      "parameters in float32 from the optimizer's fp32 partitions, floating buffers made float32 (integer ones kept), frozen "
       "parameters "
       "left in their 16-bit type, tied names as aliases; --dtype converts every floating tensor. "
       "--to model.pt writes that state dict as one torch file, as zero_to_fp32.py saves it.");

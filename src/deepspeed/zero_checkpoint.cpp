@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -334,13 +335,47 @@ void Consolidate(ZeroCheckpoint& z) {
   }
   size_t optim_files = z.files.size() - z.model_files;
   if (z.world_size < 1 || static_cast<size_t>(z.world_size) != optim_files) {
+    // Name the ranks whose file is not there (zero_pp_rank_<r>_...: DeepSpeed's names).
+    std::set<int> present;
+    std::string example;
+    for (size_t i = z.model_files; i < z.files.size(); ++i) {
+      std::string name = fs::path(z.files[i]->path).filename().string();
+      size_t at = name.find("zero_pp_rank_");
+      if (at == std::string::npos) continue;
+      example = name;
+      present.insert(std::atoi(name.c_str() + at + 13));
+    }
+    std::string missing;
+    for (int r = 0; r < z.world_size && !example.empty(); ++r) {
+      if (present.count(r)) continue;
+      size_t at = example.find("zero_pp_rank_") + 13;
+      size_t end = example.find('_', at);
+      std::string name = example.substr(0, at) + std::to_string(r) + example.substr(end);
+      missing += (missing.empty() ? "" : ", ") + name;
+    }
     Fail(
-        "{}: partition_count says {} ranks but there are {} *_optim_states.pt files (an "
-        "overwritten "
-        "checkpoint, or a rank that did not save)",
-        z.folder, z.world_size, optim_files);
+        "{}: partition_count says {} ranks but there are {} *_optim_states.pt files{} (an "
+        "overwritten checkpoint, or a rank that did not save)",
+        z.folder, z.world_size, optim_files, missing.empty() ? "" : "; missing: " + missing);
   }
   const char* groups_key = z.stage <= 2 ? "single_partition_of_fp32_groups" : "fp32_flat_groups";
+  // DeepSpeed >= 0.19.7 (stages 1 and 2, zero_optimization.parameter_alignment): elements of
+  // padding after each parameter in its group's flat partition, per group.
+  std::vector<std::vector<uint64_t>> paddings;
+  {
+    const Graph& g = first_optim.graph();
+    NodeId pad = Lookup(g, osd0, "param_alignment_paddings");
+    if (!IsNone(g, pad)) {
+      for (NodeId group : Elements(g, pad, first_optim.file->path + ": param_alignment_paddings")) {
+        paddings.emplace_back();
+        for (NodeId n : Elements(g, group, first_optim.file->path + ": param_alignment_paddings")) {
+          int64_t v = IntOf(g, n, "param_alignment_paddings");
+          if (v < 0) Fail("{}: negative param_alignment_paddings", first_optim.file->path);
+          paddings.back().push_back(static_cast<uint64_t>(v));
+        }
+      }
+    }
+  }
   // Per rank, per group: the rank's fp32 piece.
   std::vector<std::vector<Piece>> partitions;
   for (size_t r = z.model_files; r < ranks.size(); ++r) {
@@ -386,7 +421,8 @@ void Consolidate(ZeroCheckpoint& z) {
     zt.name = name;
     zt.kind = ZeroTensor::Kind::kBuffer;
     zt.stored = d.dtype;
-    zt.dtype = torch::DType::kFloat32;
+    // zero_to_fp32: `v.float() if v.is_floating_point() else v`.
+    zt.dtype = torch::IsFloatingPoint(d.dtype) ? torch::DType::kFloat32 : d.dtype;
     zt.shape = t.shape;
     zt.numel = d.numel;
     if (d.numel) zt.pieces.push_back({m0.index, d.offset, d.numel});
@@ -462,11 +498,20 @@ void Consolidate(ZeroCheckpoint& z) {
       Fail("{}: param_shapes has {} groups but the optimizer files have {}", z.folder,
            shape_groups.size(), partitions[0].size());
     }
+    if (!paddings.empty() && paddings.size() != shape_groups.size()) {
+      Fail("{}: param_alignment_paddings has {} groups but param_shapes has {}", z.folder,
+           paddings.size(), shape_groups.size());
+    }
     for (size_t gi = 0; gi < shape_groups.size(); ++gi) {
       FlatRun group;
       for (const std::vector<Piece>& rank : partitions) group.Add(rank[gi]);
+      if (!paddings.empty() && paddings[gi].size() != shape_groups[gi].size()) {
+        Fail("{}: group {}: {} parameter alignment paddings for {} parameters", z.folder, gi,
+             paddings[gi].size(), shape_groups[gi].size());
+      }
       uint64_t offset = 0;
-      for (const auto& [name, shape] : shape_groups[gi]) {
+      for (size_t pi = 0; pi < shape_groups[gi].size(); ++pi) {
+        const auto& [name, shape] = shape_groups[gi][pi];
         ZeroTensor zt = trainable(name, shape);
         if (offset + zt.numel > group.total) {
           Fail("{}: group {} holds {} elements, too few for parameter '{}'", z.folder, gi,
@@ -474,6 +519,7 @@ void Consolidate(ZeroCheckpoint& z) {
         }
         group.Cut(offset, offset + zt.numel, 4, zt.pieces);
         offset += zt.numel;
+        if (!paddings.empty()) offset += paddings[gi][pi];
         z.tensors.push_back(std::move(zt));
       }
       auto align = [&](uint64_t x) { return (x + 2 * ws - 1) / (2 * ws) * (2 * ws); };

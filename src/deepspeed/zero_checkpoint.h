@@ -22,7 +22,8 @@
 // Stage 3: every param is padded to ps = ceil(numel / world size) per rank; rank r's piece of
 // a param sits at the same offset of its joined sub-groups; the param is the pieces joined,
 // cut to numel; offsets x world size must add up to the ranks' total.
-// Buffers are module[name] for name in buffer_names, made float32 (DeepSpeed calls .float());
+// Buffers are module[name] for name in buffer_names, floating ones made float32 (DeepSpeed's
+// `v.float() if v.is_floating_point() else v`: integer buffers keep their type);
 // frozen params stay 16-bit (stage 2: the first model file's fragments; stage 3: every rank's
 // fragment joined, cut to numel); aliases name their owner. Order: buffers, frozen, trainable.
 #pragma once

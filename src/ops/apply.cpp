@@ -81,7 +81,7 @@ std::string ExpandTemplate(const std::string& t, const Entry& e) {
       std::string key = t.substr(i + 1, end - i - 1);
       if (key == "name") out += e.name;
       if (key == "stem") out += Stem(e);
-      if (key == "step") out += std::to_string(e.step);
+      if (key == "step") out += e.step >= 0 ? std::to_string(e.step) : Stem(e);
       i = end;
     } else {
       out += t[i];
@@ -965,11 +965,12 @@ PassResult Applier::RunPass() {
     Entry e;
     e.name = pe.name;
     e.path = (fs::path(s.root) / pe.name).string();
-    e.step = static_cast<int64_t>(pe.step);
+    e.step = pe.latest_copy ? -1 : static_cast<int64_t>(pe.step);
     std::error_code ec;
     e.folder = fs::is_directory(fs::symlink_status(e.path, ec));
     e.archive = pe.archive;
-    e.rank = ++rank;
+    // Lightning's last.ckpt copy ranks with the newest checkpoint, without pushing it back.
+    e.rank = pe.latest_copy ? 1 : ++rank;
     entries.push_back(e);
   }
   std::reverse(entries.begin(), entries.end());  // oldest first

@@ -150,7 +150,9 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
   uint64_t scale = it.convert ? 2 : 1;
   if (f.st) {  // a safetensors tensor: one contiguous range
     const safetensors::TensorEntry& e = f.st->tensors[it.tensor];
-    TensorSource src{it.name, it.dtype, e.shape, it.size, false, nullptr};
+    std::optional<std::vector<int64_t>> shape = torch::TorchShape(it.dtype, e.shape);
+    if (!shape) Fail("tensor '{}': {} with an odd last dimension has no torch shape", e.name, e.dtype);
+    TensorSource src{it.name, it.dtype, *shape, it.size, false, nullptr};
     uint64_t at = f.st->data_offset + e.begin;
     src.input = &f.map;
     src.input_range = {at, it.size * scale};

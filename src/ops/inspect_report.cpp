@@ -218,10 +218,13 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) 
       row.name = e.name;
       row.dtype = e.torch_dtype;
       row.kind = "tensor";
-      row.shape = e.shape;
-      row.stride.assign(e.shape.size(), 1);
-      for (size_t i = e.shape.size(); i-- > 1;)
-        row.stride[i - 1] = row.stride[i] * std::max<int64_t>(e.shape[i], 1);
+      // The shape torch loads it as (F4: float4_e2m1fn_x2, half as many elements).
+      std::optional<torch::DType> dt = torch::FromSafetensors(e.dtype);
+      std::optional<std::vector<int64_t>> shape = dt ? torch::TorchShape(*dt, e.shape) : std::nullopt;
+      row.shape = shape ? *shape : e.shape;
+      row.stride.assign(row.shape.size(), 1);
+      for (size_t i = row.shape.size(); i-- > 1;)
+        row.stride[i - 1] = row.stride[i] * std::max<int64_t>(row.shape[i], 1);
       row.storage = e.name;
       row.bytes = bytes;
       AddRow(r, std::move(row), keeper);

@@ -265,10 +265,12 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     }
     if (e.is_symlink(ec)) continue;  // never followed; its target is protected below
     int64_t step = StepFromName(name);
-    if (step < 0) continue;
+    bool latest_copy = step < 0 && IsLastCheckpointName(name) && e.is_regular_file(ec);
+    if (step < 0 && !latest_copy) continue;
     PruneEntry pe;
     pe.name = name;
-    pe.step = static_cast<uint64_t>(step);
+    pe.latest_copy = latest_copy;
+    pe.step = latest_copy ? UINT64_MAX : static_cast<uint64_t>(step);
     pe.bytes = SizeOf(e.path());
     pe.archive = !ArchivedCheckpointName(name).empty() && e.is_regular_file(ec);
     std::string why;
@@ -312,6 +314,11 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     PruneEntry& e = r.entries[i];
     if (!e.complete) {
       e.keep = true;
+      continue;
+    }
+    if (e.latest_copy) {
+      e.keep = true;
+      e.reason = "Lightning's last checkpoint (what fit(ckpt_path=\"last\") resumes from)";
       continue;
     }
     ++newest_seen;
@@ -365,10 +372,18 @@ void ExecutePrune(const std::string& root_arg, PruneResult& r, const PruneOption
     uint64_t seen = 0;
     for (size_t i = r.entries.size(); i-- > 0;) {
       PruneEntry& e = r.entries[i];
-      if (!e.keep || !e.complete) continue;
+      if (!e.keep || !e.complete || e.latest_copy) continue;
       if (++seen > o.strip_older && !e.archive) StripKept(root / e.name, e, o);
     }
   }
+}
+
+bool IsLastCheckpointName(const std::string& name) {
+  if (name == "last.ckpt") return true;
+  if (!name.starts_with("last-v") || !name.ends_with(".ckpt")) return false;
+  std::string_view digits = std::string_view(name).substr(6, name.size() - 6 - 5);
+  return !digits.empty() &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 }  // namespace ckpt

@@ -29,6 +29,9 @@ struct PruneEntry {
   // `ckptool compress` made of it while the original was kept.
   std::vector<std::string> also;
   bool archive = false;  // the entry is a .ckz archive (compressed checkpoint)
+  // Lightning's last.ckpt (last-vN.ckpt) written as a file: a copy of the newest state, the one
+  // `fit(ckpt_path="last")` resumes from. Always kept, ranked with the newest, never stripped.
+  bool latest_copy = false;
   uint64_t step = 0;
   uint64_t bytes = 0;
   bool keep = false;
@@ -65,6 +68,9 @@ bool LooksComplete(const std::string& path, std::string* why);
 void TrashEntry(const std::string& dir, const std::string& name);
 // Is this entry name one TrashEntry left behind?
 bool IsTrashName(const std::string& name);
+
+// Lightning's name for its copy of the newest checkpoint: last.ckpt, last-v1.ckpt...
+bool IsLastCheckpointName(const std::string& name);
 
 // The training step a checkpoint's name carries, or -1 when it does not look like one.
 // A compressed checkpoint (`global_step1000.ckz`, `epoch=3-step=900.ckpt.ckz`) carries the

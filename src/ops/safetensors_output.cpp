@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <unordered_map>
@@ -38,8 +39,13 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
                    });
   std::vector<safetensors::OutTensor> outs;
   outs.reserve(tensors.size());
+  std::deque<std::vector<int64_t>> header_shapes;  // where the header's shape differs (F4)
   for (const TensorSource& t : tensors) {
-    outs.push_back({t.name, torch::Info(t.dtype).safetensors, t.shape, t.size});
+    std::span<const int64_t> shape = t.shape;
+    if (t.dtype == torch::DType::kFloat4E2M1FNX2) {
+      shape = header_shapes.emplace_back(torch::SafetensorsShape(t.dtype, t.shape));
+    }
+    outs.push_back({t.name, torch::Info(t.dtype).safetensors, shape, t.size});
   }
   safetensors::Layout layout = safetensors::LayOut(outs, metadata);
   PerfTimer timer("write");
@@ -115,7 +121,8 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
         safetensors::ParseEach(written.bytes(), [&](safetensors::TensorEntry&& e) {
           uint32_t i = index.Find(e.name, name_of);
           if (i == NameIndex::kNone || seen[i] ||
-              e.dtype != torch::Info(tensors[i].dtype).safetensors || e.shape != tensors[i].shape ||
+              e.dtype != torch::Info(tensors[i].dtype).safetensors ||
+              e.shape != torch::SafetensorsShape(tensors[i].dtype, tensors[i].shape) ||
               e.end - e.begin != tensors[i].size) {
             Fail("tensor '{}' is not what was planned", e.name);
           }

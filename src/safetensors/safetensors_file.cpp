@@ -24,7 +24,7 @@ struct DTypeRow {
 
 constexpr std::array<DTypeRow, 22> kDTypes = {{
     {"BOOL", 8, "bool"},
-    {"F4", 4, "float4_e2m1"},
+    {"F4", 4, "float4_e2m1fn_x2"},  // torch's name: two F4 values per byte
     {"F6_E2M3", 6, "float6_e2m3"},
     {"F6_E3M2", 6, "float6_e3m2"},
     {"U8", 8, "uint8"},

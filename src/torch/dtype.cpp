@@ -6,7 +6,7 @@ namespace ckpt::torch {
 
 namespace {
 
-constexpr std::array<DTypeInfo, 32> kTable = {{
+constexpr std::array<DTypeInfo, 33> kTable = {{
     {DType::kFloat64, "float64", 8, "DoubleStorage", "F64"},
     {DType::kFloat32, "float32", 4, "FloatStorage", "F32"},
     {DType::kFloat16, "float16", 2, "HalfStorage", "F16"},
@@ -38,6 +38,7 @@ constexpr std::array<DTypeInfo, 32> kTable = {{
     {DType::kBits1x8, "bits1x8", 1, "", ""},
     {DType::kBits2x4, "bits2x4", 1, "", ""},
     {DType::kBits4x2, "bits4x2", 1, "", ""},
+    {DType::kFloat4E2M1FNX2, "float4_e2m1fn_x2", 1, "", "F4"},
     {DType::kUntyped, "uint8", 1, "UntypedStorage", ""},
 }};
 
@@ -90,10 +91,26 @@ bool IsFloatingPoint(DType d) {
     case DType::kFloat8E5M2FNUZ:
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNX2:
       return true;
     default:
       return false;
   }
+}
+
+std::vector<int64_t> SafetensorsShape(DType d, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out = shape;
+  if (d == DType::kFloat4E2M1FNX2 && !out.empty()) out.back() *= 2;
+  return out;
+}
+
+std::optional<std::vector<int64_t>> TorchShape(DType d, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out = shape;
+  if (d == DType::kFloat4E2M1FNX2) {
+    if (out.empty() || out.back() % 2) return std::nullopt;
+    out.back() /= 2;
+  }
+  return out;
 }
 
 }  // namespace ckpt::torch

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace ckpt::torch {
 
@@ -16,6 +17,7 @@ enum class DType : uint8_t {
   kFloat8E5M2, kFloat8E4M3FN, kFloat8E5M2FNUZ, kFloat8E4M3FNUZ, kFloat8E8M0FNU,
   kUInt16, kUInt32, kUInt64,
   kBits8, kBits16, kBits1x8, kBits2x4, kBits4x2,
+  kFloat4E2M1FNX2,  // two float4_e2m1 values per byte
   kUntyped,  // torch.UntypedStorage: bytes
 };
 
@@ -39,5 +41,11 @@ std::optional<DType> FromName(std::string_view name);
 // "F32", "BF16"...
 std::optional<DType> FromSafetensors(std::string_view name);
 bool IsFloatingPoint(DType d);
+
+// The shape a safetensors header records for a torch tensor, and back: safetensors counts
+// the F4 values of float4_e2m1fn_x2 (two per byte), so the last dimension doubles. Other
+// dtypes keep their shape. TorchShape of an F4 shape whose last dimension is odd: nullopt.
+std::vector<int64_t> SafetensorsShape(DType d, const std::vector<int64_t>& shape);
+std::optional<std::vector<int64_t>> TorchShape(DType d, const std::vector<int64_t>& shape);
 
 }  // namespace ckpt::torch

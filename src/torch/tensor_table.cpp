@@ -216,6 +216,11 @@ class TensorCollector final : private PathWalker::Client {
         }
       }
       if (inner_fn != kNil && g_.kind(inner_fn) == Kind::kGlobal &&
+          g_.GlobalText(inner_fn) == "torch.nested._internal.nested_tensor._rebuild_njt") {
+        JaggedComponents(inner_args);
+        return true;
+      }
+      if (inner_fn != kNil && g_.kind(inner_fn) == Kind::kGlobal &&
           Recognize(inner_fn, inner_args, node, sub)) {
         return true;
       }
@@ -290,6 +295,32 @@ class TensorCollector final : private PathWalker::Client {
       return;
     }
     w_.Walk(t);
+  }
+
+  // A jagged nested tensor (torch.nested, layout=torch.jagged): _rebuild_njt takes one dict
+  // of its parts, values, offsets, lengths and a _metadata_cache of min_seqlen/max_seqlen
+  // (tensors whose shape carries the number), each a tensor of its own.
+  void JaggedComponents(NodeId args) {
+    if (args == kNil || g_.kind(args) != Kind::kTuple || g_.items(args).size() != 1 ||
+        g_.kind(g_.items(args)[0]) != Kind::kDict) {
+      Note("torch.nested._internal.nested_tensor._rebuild_njt of something that is not its dict");
+      return;
+    }
+    auto parts = [&](NodeId dict, auto&& self, int depth) -> void {
+      const auto& p = g_.pairs(dict);
+      for (size_t i = 0; i + 1 < p.size(); i += 2) {
+        if (g_.kind(p[i]) != Kind::kStr) continue;
+        std::string_view key = g_.text(p[i]);
+        if (depth == 0 && key == "_metadata_cache" && g_.kind(p[i + 1]) == Kind::kDict) {
+          PathWalker::Deeper deeper(w_);
+          PathWalker::Key k(w_, key);
+          self(p[i + 1], self, depth + 1);
+        } else if (g_.kind(p[i + 1]) == Kind::kObject) {
+          Component(p[i + 1], key, "nested_jagged");
+        }
+      }
+    };
+    parts(g_.items(args)[0], parts, 0);
   }
 
   void Note(const std::string& what) { m_.notes.push_back(fmt::format("{}: {}", Where(), what)); }

@@ -49,6 +49,7 @@ _ROOT = None
 _TRAINED = {}
 _REF = {}
 _RESUME = None
+_RESUME_ERROR = None
 
 
 def setUpModule():
@@ -108,9 +109,20 @@ def resumes():
     fresh DeepSpeed engines in one 2-process run. Returns (results, prep) where results maps
     "config/variant" to the per-rank records and prep maps it to ckptool's failure (if the
     command that makes the variant failed, the variant is not loaded)."""
-    global _RESUME
+    global _RESUME, _RESUME_ERROR
     if _RESUME is not None:
         return _RESUME
+    if _RESUME_ERROR is not None:  # every test that needs the run reports its real cause
+        raise AssertionError(f"the resume run failed earlier: {_RESUME_ERROR}")
+    try:
+        return _make_resumes()
+    except BaseException as e:
+        _RESUME_ERROR = f"{type(e).__name__}: {e}"
+        raise
+
+
+def _make_resumes():
+    global _RESUME
     base = os.path.join(_ROOT, "resume")
     os.makedirs(base)
     spec, prep = [], {}

@@ -60,6 +60,7 @@ FP32_FLAT_GROUPS = "fp32_flat_groups"
 BASE_OPTIMIZER_STATE = "base_optimizer_state"
 BASE_OPTIMIZER_STATE_STEP = "base_optimizer_state_step"
 SINGLE_PARTITION_OF_FP32_GROUPS = "single_partition_of_fp32_groups"
+PARAM_ALIGNMENT_PADDINGS = "param_alignment_paddings"  # DeepSpeed >= 0.19.7
 PARAM_GROUPS = "param_groups"
 GROUP_PADDINGS = "group_paddings"
 PARTITION_COUNT = "partition_count"

@@ -48,6 +48,7 @@ class Parser {
       out.error = e.what();
     }
     out.result.anomalies = std::move(anomalies_);
+    out.result.max_memo_key = max_memo_key_;
     for (std::string& a : r_.anomalies()) out.result.anomalies.push_back(std::move(a));
     NodeId root = out.result.graph.root;
     out.result.graph = std::move(g_);
@@ -161,6 +162,7 @@ class Parser {
   // goes to a map, so a hostile key cannot make the vector large.
   void Put(uint64_t index) {
     NodeId top = Top();
+    max_memo_key_ = std::max(max_memo_key_, index);
     if (index >= memo_dense_.size() && index < 2 * memo_count_ + 1024) {
       memo_dense_.resize(index + 1, kNil);
     }
@@ -364,6 +366,7 @@ class Parser {
   std::vector<std::string> anomalies_;
   std::unordered_map<NodeId, uint32_t> self_refs_;    // containers that hold themselves
   uint64_t opcodes_ = 0;
+  uint64_t max_memo_key_ = 0;
   std::vector<NodeId> memo_dense_;                    // memo keys below its size
   std::unordered_map<uint64_t, NodeId> memo_sparse_;  // the others
   uint64_t memo_count_ = 0;                           // keys defined (what MEMOIZE uses)

@@ -56,6 +56,7 @@ struct ParseResult {
   // stream made to confuse scanners or code that walks the result ("pickle offset 23: a
   // second PROTO opcode..."). Readers report them as problems.
   std::vector<std::string> anomalies;
+  uint64_t max_memo_key = 0;  // the largest memo index PUT, BINPUT, LONG_BINPUT or MEMOIZE set
 };
 
 // Parses one pickle from the start of `data`; `base_offset` is where `data` starts in the

@@ -183,6 +183,7 @@ StepOutcome RunShrink(const StepContext& c) {
     so.dry_run = c.dry_run;
     so.threads = per_file;
     so.allow_unsafe_globals = s.allow_unsafe_globals;
+    so.trust.patterns = c.p.trust;
     so.materialize = s.materialize;
     results[i] = ShrinkFile(files[i], so);
   });
@@ -212,6 +213,7 @@ StepOutcome RunStrip(const StepContext& c) {
   so.keep = s.keep;
   so.dry_run = c.dry_run;
   so.allow_unsafe_globals = s.allow_unsafe_globals;
+  so.trust.patterns = c.p.trust;
   std::vector<StripResult> results(t.files.size());
   ForFiles(t.files, c.threads, [&](size_t i, unsigned per_file) {
     StripOptions fo = so;
@@ -295,7 +297,10 @@ StepOutcome RunConvert(const StepContext& c) {
   co.keep = s.keep;
   co.only = s.only;
   co.keep_1d = s.keep_1d;
+  co.include_optimizer = s.training_files;
+  co.lossy = s.lossy;
   co.allow_unsafe_globals = s.allow_unsafe_globals;
+  co.trust.patterns = c.p.trust;
   if (s.in_place) {
     std::vector<std::string> files = CheckpointFiles(c, nullptr);
     if (!s.training_files)
@@ -440,7 +445,7 @@ StepOutcome RunVerify(const StepContext& c) {
     std::vector<std::string> mine;
     try {
       CheckpointFile f = OpenCheckpoint(files[i]);
-      VerifyResult r = Verify(f, per_file);
+      VerifyResult r = Verify(f, per_file, torch::Trust{c.p.trust});
       for (const auto& p : r.problems)
         mine.push_back(fmt::format("{}: {}: {}", files[i], p.where, p.what));
     } catch (const Error& e) {

@@ -298,7 +298,8 @@ void ReadShrink(Reader& r, const toml::table& t, Policy& p) {
 void ReadConvert(Reader& r, const toml::table& t, const toml::source_region& at, Policy& p) {
   Section s(
       r, t, "convert",
-      {"dtype", "keep", "only", "keep_1d", "output", "training_files", "allow_unsafe_globals"});
+      {"dtype", "keep", "only", "keep_1d", "output", "training_files", "include_optimizer",
+       "lossy", "allow_unsafe_globals"});
   s.CheckKeys();
   ConvertStep x;
   if (!t.contains("dtype")) r.Problem(at, "convert.dtype", "missing: \"bf16\" or \"fp16\"");
@@ -311,6 +312,8 @@ void ReadConvert(Reader& r, const toml::table& t, const toml::source_region& at,
   if (auto v = s.Bool("keep_1d")) x.keep_1d = *v;
   if (auto v = s.String("output", {"beside", "in_place"})) x.in_place = *v == "in_place";
   if (auto v = s.Bool("training_files")) x.training_files = *v;
+  if (auto v = s.Bool("include_optimizer")) x.training_files = *v;
+  if (auto v = s.Bool("lossy")) x.lossy = *v;
   if (auto v = s.Bool("allow_unsafe_globals")) x.allow_unsafe_globals = *v;
   p.convert = x;
 }
@@ -480,6 +483,7 @@ nlohmann::ordered_json Policy::Options(Step s) const {
       j["patterns"] = Json(shrink->patterns);
       j["materialize"] = shrink->materialize;
       j["allow_unsafe_globals"] = shrink->allow_unsafe_globals;
+      if (!trust.empty()) j["trust"] = Json(trust);
       break;
     case Step::kConvert:
       if (!convert) break;
@@ -490,6 +494,9 @@ nlohmann::ordered_json Policy::Options(Step s) const {
       j["output"] = convert->in_place ? "in_place" : "beside";
       j["training_files"] = convert->training_files;
       j["allow_unsafe_globals"] = convert->allow_unsafe_globals;
+      // Keys added later only when set: a ledger written before them still matches.
+      if (convert->lossy) j["lossy"] = true;
+      if (!trust.empty()) j["trust"] = Json(trust);
       break;
     case Step::kExport:
       if (!export_) break;
@@ -500,6 +507,7 @@ nlohmann::ordered_json Policy::Options(Step s) const {
       j["exclude_frozen"] = export_->exclude_frozen;
       break;
     case Step::kVerify:
+      if (!trust.empty()) j["trust"] = Json(trust);
       break;
     case Step::kStrip:
       if (!strip) break;
@@ -507,6 +515,7 @@ nlohmann::ordered_json Policy::Options(Step s) const {
       j["keep"] = Json(strip->keep);
       j["delete_files"] = strip->delete_files;
       j["allow_unsafe_globals"] = strip->allow_unsafe_globals;
+      if (!trust.empty()) j["trust"] = Json(trust);
       break;
     case Step::kCompress:
       if (!compress) break;
@@ -522,6 +531,7 @@ nlohmann::ordered_json Policy::Describe() const {
   j["file"] = file;
   j["layout"] = LayoutName(layout);
   if (settle_seconds) j["settle_seconds"] = *settle_seconds;
+  j["trust"] = Json(trust);
   if (retention) {
     j["retention"] = {{"keep_last", retention->keep_last},
                       {"keep_every", retention->keep_every},
@@ -550,7 +560,7 @@ Policy ParsePolicy(std::string_view text, const std::string& file) {
   }
   Policy p;
   p.file = file;
-  std::vector<std::string> top = {"version", "layout", "settle_seconds"};
+  std::vector<std::string> top = {"version", "layout", "settle_seconds", "trust"};
   std::vector<std::string> known = top;
   known.insert(known.end(), kTables.begin(), kTables.end());
   for (auto&& [k, v] : doc) {
@@ -591,6 +601,7 @@ Policy ParsePolicy(std::string_view text, const std::string& file) {
     }
   }
   p.settle_seconds = s.Seconds("settle_seconds");
+  if (auto v = s.Globs("trust")) p.trust = *v;
   // Outputs placed where retention or the other steps would take them for checkpoints.
   if (p.export_ && !p.export_->to.empty()) {
     fs::path to(p.export_->to);

@@ -5,6 +5,8 @@
 //   layout = "auto"             # auto | deepspeed | hf-trainer | lightning | megatron | dcp |
 //                               # plain: which completion marker a checkpoint must show
 //   settle_seconds = 30         # nothing in a checkpoint changed for this long (--settle wins)
+//   trust = ["myproject.*"]     # modules whose calls the pickles may make (as --trust): the
+//                               #   rewriting steps and verify accept them
 //   [retention]                 # as `ckptool prune` (the same planner): newest N complete
 //   keep_last = 3               #   ones (>= 1), steps that are multiples of K, name globs;
 //   keep_every = 1000           #   the newest complete checkpoint and whatever latest / best /
@@ -18,9 +20,11 @@
 //   keep = ["*norm*"]           #   tensor-name globs that stay float32
 //   only = []                   #   convert only these names
 //   keep_1d = false
+//   include_optimizer = false   #   convert training state too (as --include-optimizer)
+//   lossy = false               #   convert tensors whose values would change (as --lossy)
 //   output = "beside"           #   beside: a copy in <folder>/<dtype>/ (as `ckptool convert`
 //                               #   does for a folder); in_place: the files themselves
-//   training_files = false      #   also convert optimizer.pt, *optim_states.pt...
+//   training_files = false      #   older name of include_optimizer
 //   allow_unsafe_globals = false
 //   [export]
 //   to = "{name}/export"        #   relative to the root; {name} {stem} {step} (default:
@@ -82,7 +86,8 @@ struct ConvertStep {
   std::vector<std::string> only;
   bool keep_1d = false;
   bool in_place = false;
-  bool training_files = false;
+  bool training_files = false;  // include_optimizer (the key's older name sets it too)
+  bool lossy = false;
   bool allow_unsafe_globals = false;
 };
 
@@ -122,6 +127,7 @@ struct Policy {
   std::string file;  // where it was read from ("" for the built-in empty policy)
   Layout layout = Layout::kAuto;
   std::optional<double> settle_seconds;
+  std::vector<std::string> trust;  // module globs whose calls are accepted (--trust)
   std::optional<Retention> retention;
   std::optional<ShrinkStep> shrink;
   std::optional<ConvertStep> convert;

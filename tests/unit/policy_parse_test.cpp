@@ -145,7 +145,7 @@ TEST(PolicyParse, UnknownKeysAndTablesNameFileLineAndKey) {
                 "retention, shrink, convert, export, verify, strip, compress)");
   ExpectProblem("keep_last = 3\n",
                 "team/ckptool.toml:1:1: keep_last: unknown key (known: version, layout, "
-                "settle_seconds, retention, shrink, convert, export, verify, strip, compress)");
+                "settle_seconds, trust, retention, shrink, convert, export, verify, strip, compress)");
   ExpectProblem("[verify]\nstrict = true\n",
                 "team/ckptool.toml:2:1: verify.strict: unknown key (known: none)");
   ExpectProblem("[retention]\nkeep_last = 2\n[retention.more]\nx = 1\n",
@@ -235,6 +235,30 @@ TEST(PolicyParse, EveryProblemIsReportedInFileOrder) {
   EXPECT_EQ(got[1].rfind("team/ckptool.toml:3:1: strip.foo:", 0), 0u) << got[1];
   EXPECT_EQ(got[2].rfind("team/ckptool.toml:5:13: retention.keep_last:", 0), 0u) << got[2];
   EXPECT_EQ(got[3].rfind("team/ckptool.toml:6:2: bogus:", 0), 0u) << got[3];
+}
+
+}  // namespace
+}  // namespace ckpt::policy
+
+namespace ckpt::policy {
+namespace {
+
+TEST(PolicyParse, TrustAndConvertOptions) {
+  Policy p = ParsePolicy(
+      "trust = [\"myproject.*\"]\n[convert]\ndtype = \"fp16\"\ninclude_optimizer = true\nlossy = "
+      "true\n",
+      "t.toml");
+  EXPECT_EQ(p.trust, std::vector<std::string>{"myproject.*"});
+  ASSERT_TRUE(p.convert);
+  EXPECT_TRUE(p.convert->training_files);
+  EXPECT_TRUE(p.convert->lossy);
+  EXPECT_EQ(p.Options(Step::kConvert)["trust"][0], "myproject.*");
+  // Options a ledger recorded before these keys existed still match when they are unset.
+  Policy q = ParsePolicy("[convert]\ndtype = \"bf16\"\n[verify]\n", "t.toml");
+  EXPECT_FALSE(q.Options(Step::kConvert).contains("trust"));
+  EXPECT_FALSE(q.Options(Step::kConvert).contains("lossy"));
+  EXPECT_TRUE(q.Options(Step::kVerify).empty());
+  EXPECT_THROW(ParsePolicy("trust = \"x\"\n", "t.toml"), PolicyError);
 }
 
 }  // namespace

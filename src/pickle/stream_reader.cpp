@@ -7,11 +7,12 @@
 namespace ckpt::pickle {
 
 void StreamReader::Diverges(std::string_view what) const {
+  uint64_t left = frame_end_ - pos_;
   throw FrameDivergence(fmt::format(
-      "pickle offset {}: a FRAME ends {} bytes into {}: torch.load (CPython's unpickler reading "
+      "pickle offset {}: a FRAME ends {} byte{} into {}: torch.load (CPython's unpickler reading "
       "a file) drops the rest of the frame and reads on after it, so it would run other opcodes "
       "than the ones a straight reading shows; refused",
-      file_pos(), frame_end_ - pos_, what));
+      file_pos(), left, left == 1 ? "" : "s", what));
 }
 
 Bytes StreamReader::Take(uint64_t n) {

@@ -56,7 +56,7 @@ const std::string kHiddenCall = [] {
 TEST(PickleParity, AFrameEndingInsideAReadIsRefused) {
   PartialParse strict = Read(kHiddenCall, FrameMode::kStrict);
   EXPECT_TRUE(strict.diverged);
-  EXPECT_NE(strict.error.find("a FRAME ends 1 bytes into a 4-byte read"), std::string::npos)
+  EXPECT_NE(strict.error.find("a FRAME ends 1 byte into a 4-byte read"), std::string::npos)
       << strict.error;
   // Read as _pickle.c reads io.BytesIO: the frame's rest dropped, the call seen.
   PartialParse torch = Read(kHiddenCall, FrameMode::kBytesIO);

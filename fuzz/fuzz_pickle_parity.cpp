@@ -6,10 +6,12 @@
 // NEWOBJ_EX, INST, OBJ), in order. ckptool's graph gives the same log from its nodes.
 //
 // What must hold (anything else aborts with both logs):
-//   - CPython loads the pickle: ckptool reads it too, with the same log, unless ckptool refuses
-//     it on purpose (modifying an imported object, its limits) after a prefix of the log;
-//   - CPython fails: everything it did before failing is a prefix of ckptool's log (ckptool saw
-//     all of it; it may read further or fail at the same place).
+//   - ckptool refuses on purpose (modifying an imported object or a storage, its limits): what
+//     it saw until then is a prefix of CPython's log, or CPython failed first and its log is a
+//     prefix of ckptool's;
+//   - else, CPython loads the pickle: ckptool reads it too, with the same log;
+//   - else, CPython fails: everything it did before failing is a prefix of ckptool's log
+//     (ckptool saw all of it; it may read further or fail at the same place).
 // Inputs on which CPython runs out of memory prove nothing; a memo index beyond 2^20 is not
 // given to it at all (_pickle.c sizes its memo array to twice the index and zeroes it).
 // The corpus is replayed by ctest (fuzz_replay.pickle_parity).
@@ -74,7 +76,7 @@ _classes = {}
 class _Recorder(pickle.Unpickler):
     def find_class(self, module, name):
         # What a real import refuses fails here too.
-        if not module or not name or "\0" in module or "\0" in name:
+        if not module or not name or "\0" in module + name or "\n" in module + name:
             raise ImportError("bad name")
         log.append(("g", module + "\n" + name))
         key = (module, name)
@@ -128,11 +130,14 @@ std::vector<Event> CkptoolLog(const ckpt::pickle::Graph& g) {
   for (ckpt::pickle::NodeId id = 0; id < g.nodes.size(); ++id) {
     Kind k = g.kind(id);
     if (k == Kind::kGlobal) {
-      out.push_back({'g', std::string(g.global_module(id)) + "\n" + std::string(g.global_name(id))});
+      out.push_back(
+          {'g', std::string(g.global_module(id)) + "\n" + std::string(g.global_name(id))});
     } else if (k == Kind::kObject) {
       ckpt::pickle::NodeId fn = g.compound(id).callable;
       bool global = fn != ckpt::pickle::kNil && g.kind(fn) == Kind::kGlobal;
-      out.push_back({'c', global ? std::string(g.global_module(fn)) + "\n" + std::string(g.global_name(fn)) : "?"});
+      out.push_back(
+          {'c', global ? std::string(g.global_module(fn)) + "\n" + std::string(g.global_name(fn))
+                       : "?"});
     }
   }
   return out;
@@ -163,10 +168,10 @@ bool DeliberateRefusal(const std::string& error) {
   return false;
 }
 
-[[noreturn]] void Diverge(const char* what, const std::vector<Event>& ck, const std::string& ck_error,
-                          const std::vector<Event>& py, const std::string& py_error) {
-  std::fprintf(stderr,
-               "pickle parity: %s\n--- ckptool (%s)\n%s--- CPython (%s)\n%s", what,
+[[noreturn]] void Diverge(const char* what, const std::vector<Event>& ck,
+                          const std::string& ck_error, const std::vector<Event>& py,
+                          const std::string& py_error) {
+  std::fprintf(stderr, "pickle parity: %s\n--- ckptool (%s)\n%s--- CPython (%s)\n%s", what,
                ck_error.empty() ? "loaded" : ck_error.c_str(), Show(ck).c_str(),
                py_error.empty() ? "loaded" : py_error.c_str(), Show(py).c_str());
   std::abort();
@@ -193,14 +198,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::pickle::Limits limits;
   limits.max_nodes = 1u << 20;
-  ckpt::pickle::PartialParse parsed = ckpt::pickle::ParsePartial(
-      ckpt::Bytes(data, size), 0, limits,
-      ckpt::pickle::Reading{ckpt::pickle::FrameMode::kBytesIO, false});
+  ckpt::pickle::PartialParse parsed =
+      ckpt::pickle::ParsePartial(ckpt::Bytes(data, size), 0, limits,
+                                 ckpt::pickle::Reading{ckpt::pickle::FrameMode::kBytesIO, false});
   std::vector<Event> ck = CkptoolLog(parsed.result.graph);
   if (parsed.result.max_memo_key > (1u << 20)) return 0;
 
-  PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(data),
-                                              static_cast<Py_ssize_t>(size));
+  PyObject* bytes =
+      PyBytes_FromStringAndSize(reinterpret_cast<const char*>(data), static_cast<Py_ssize_t>(size));
   PyObject* res = PyObject_CallOneArg(g_parity, bytes);
   Py_DECREF(bytes);
   if (!res) {
@@ -230,10 +235,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (inconclusive) return 0;
 
   const std::string& ck_error = parsed.error;
+  if (!ck_error.empty() && DeliberateRefusal(ck_error)) {
+    // ckptool stopped on purpose: what it saw until then is what CPython did (or CPython failed
+    // first, after a part of what ckptool saw).
+    if (!IsPrefix(ck, py) && !(!py_loaded && IsPrefix(py, ck))) {
+      Diverge("ckptool's refusal came after other steps", ck, ck_error, py, py_error);
+    }
+    return 0;
+  }
   if (py_loaded) {
     if (ck_error.empty()) {
       if (ck != py) Diverge("both loaded it, with different logs", ck, ck_error, py, py_error);
-    } else if (!DeliberateRefusal(ck_error) || !IsPrefix(ck, py)) {
+    } else {
       Diverge("CPython loads what ckptool refuses", ck, ck_error, py, py_error);
     }
   } else if (!IsPrefix(py, ck)) {

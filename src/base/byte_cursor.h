@@ -25,8 +25,7 @@ inline std::string_view AsText(Bytes b) {
 // Returns data[offset, offset+size) or throws "region out of bounds".
 inline Bytes Slice(Bytes data, uint64_t offset, uint64_t size) {
   if (offset > data.size() || size > data.size() - offset) {
-    Fail("region [{}, {}+{}) is outside the {} bytes available", offset, offset, size,
-         data.size());
+    Fail("region [{}, {}+{}) is outside the {} bytes available", offset, offset, size, data.size());
   }
   return data.subspan(offset, size);
 }

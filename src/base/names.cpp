@@ -155,4 +155,29 @@ bool DigitAwareLess(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string ClosestName(const std::vector<std::string>& names, std::string_view got) {
+  std::string best;
+  size_t best_d = 3;
+  for (const std::string& n : names) {
+    size_t d = EditDistance(got, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  return best;
+}
+
 }  // namespace ckpt

@@ -22,4 +22,10 @@ bool IsBelowKeyPath(std::string_view name, std::string_view path);
 // Natural order: "rank_2" before "rank_10" (runs of digits compare as numbers).
 bool DigitAwareLess(const std::string& a, const std::string& b);
 
+// Levenshtein distance.
+size_t EditDistance(std::string_view a, std::string_view b);
+// The name in `names` closest to `got` when it is within two edits ("shrnk" -> "shrink"), for
+// a did-you-mean; "" when none is that close.
+std::string ClosestName(const std::vector<std::string>& names, std::string_view got);
+
 }  // namespace ckpt

@@ -33,8 +33,9 @@ size_t Child(size_t parent, const char* name) {
 void Print(std::FILE* out, size_t node, int depth) {
   for (size_t i = 0; i < g_nodes.size(); ++i) {
     if (g_nodes[i].parent != node) continue;
-    std::fprintf(out, "%*s%-*s %9.3f s  x%llu\n", 2 * depth, "", 32 - 2 * depth, g_nodes[i].name.c_str(),
-                 g_nodes[i].seconds, static_cast<unsigned long long>(g_nodes[i].count));
+    std::fprintf(out, "%*s%-*s %9.3f s  x%llu\n", 2 * depth, "", 32 - 2 * depth,
+                 g_nodes[i].name.c_str(), g_nodes[i].seconds,
+                 static_cast<unsigned long long>(g_nodes[i].count));
     Print(out, i, depth + 1);
   }
 }
@@ -57,7 +58,9 @@ PerfTimer::~PerfTimer() {
   t_current = g_nodes[node_].parent;
 }
 
-void EnablePerf() { g_enabled = true; }
+void EnablePerf() {
+  g_enabled = true;
+}
 
 void PrintPerf(std::FILE* out) {
   if (!g_enabled) return;

@@ -38,19 +38,21 @@ int RunCheck(const ApplyCliOptions& o, const policy::Policy& p) {
     }
     for (const auto& s : d["steps"]) {
       std::cout << Printable(
-          fmt::format("  {}: {}\n", s["step"].get<std::string>(), s["options"].dump()));
+                       fmt::format("  {}: {}", s["step"].get<std::string>(), s["options"].dump()))
+                << "\n";
     }
   }
   return 0;
 }
 
 int RunApply(const ApplyCliOptions& o) {
-  std::optional<policy::Policy> p = ReadPolicy(o.p);
+  std::optional<policy::Policy> p = ReadPolicy(o.p, o.check && o.p.json);
   if (!p) return 1;
   if (o.check) return RunCheck(o, *p);
   GracefulStop graceful;
   ApplyOptions ao;
   ao.dry_run = o.dry_run;
+  ao.yes = o.p.yes;
   ao.retry_failed = o.p.retry_failed;
   ao.threads = o.p.threads;
   ao.settle_seconds = SettleSeconds(o.p, *p);
@@ -72,6 +74,12 @@ int RunApply(const ApplyCliOptions& o) {
         o.dry_run ? "Dry run: " : "Done: ", r.steps_run, o.dry_run ? "planned" : "run", r.deleted,
         o.dry_run ? "to delete" : "deleted", r.waiting, r.failures, verb, HumanBytes(r.bytes_freed),
         r.stopped ? " (stopped by a signal before the end: run again to finish)" : "");
+    if (r.not_confirmed) {
+      std::cout << fmt::format(
+          "{} retention would delete, kept: deleting needs --yes, or delete = true in "
+          "[retention]\n",
+          Count(r.not_confirmed, "checkpoint"));
+    }
   }
   if (r.stopped) return 130;
   return r.failures ? 1 : 0;

@@ -38,7 +38,9 @@ void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_u
 void AddTrustFlag(CLI::App& app, std::vector<std::string>* trust);
 
 // Bytes in MiB (2^20), as the reference tool prints them.
-inline double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+inline double MiB(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
 
 // Prints a report to stdout; text from the file that is not valid UTF-8 shows as U+FFFD.
 void PrintJson(const nlohmann::ordered_json& doc);

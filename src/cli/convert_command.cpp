@@ -8,6 +8,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "base/utf8.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
@@ -31,6 +32,8 @@ struct ConvertCliOptions {
   bool keep_1d = false;
   bool include_optimizer = false;
   bool lossy = false;
+  bool force = false;
+  bool quiet = false;
   unsigned threads = DefaultThreads();
   bool json = false;
   bool allow_unsafe_globals = false;
@@ -53,9 +56,13 @@ int RunConvert(ConvertCliOptions o) {
   co.lossy = o.lossy;
   co.allow_unsafe_globals = o.allow_unsafe_globals;
   co.trust.patterns = o.trust;
-  ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype);
+  ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype, o.force);
   if (tree.checkpoints.empty()) {
-    PrintError("no checkpoints to convert");
+    std::string why;
+    for (const std::string& p : o.paths) {
+      if (why.empty() && std::filesystem::is_directory(p)) why = WhyNothingToConvert(p, o.dtype);
+    }
+    PrintError(why.empty() ? "no checkpoints to convert" : "no checkpoints to convert: " + why);
     return 1;
   }
   std::set<std::string> dirs;
@@ -79,12 +86,14 @@ int RunConvert(ConvertCliOptions o) {
   // which need every rank's results.
   if (!batch.reports()) return 0;
   int rc = 0;
+  size_t failed = 0;
   std::map<std::string, uint64_t> storage_bytes;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     if (ReportFailure(tree.checkpoints[i].input, errors[i], o.json, doc["files"])) {
       rc = 1;
+      ++failed;
       continue;
     }
     const ConvertResult& r = results[i];
@@ -104,12 +113,11 @@ int RunConvert(ConvertCliOptions o) {
                               {"kept", r.kept},
                               {"lost_precision", r.lost_precision},
                               {"warnings", r.warnings}});
-    } else {
-      std::cout << Printable(fmt::format(
-                       "{} -> {}: before {:.2f}MiB, after {:.2f}MiB ({} tensors converted, "
-                       "{} float32 kept)",
-                       r.path, r.output, MiB(r.before), MiB(r.after), r.converted,
-                       r.kept_float32))
+    } else if (!o.quiet) {
+      std::cout << Printable(fmt::format("{} -> {}: {} -> {} ({} converted, {} float32 kept)",
+                                         r.path, r.output, HumanBytes(r.before),
+                                         HumanBytes(r.after), Count(r.converted, "tensor"),
+                                         r.kept_float32))
                 << "\n";
       if (r.kept_training && !o.include_optimizer) {
         std::cout << fmt::format(
@@ -124,7 +132,7 @@ int RunConvert(ConvertCliOptions o) {
   }
   for (const PathPair& j : tree.copies) {
     try {
-      CopyFile(j);
+      CopyFile(j, o.dtype);
     } catch (const Error& e) {
       PrintError(e.what());
       rc = 1;
@@ -133,7 +141,8 @@ int RunConvert(ConvertCliOptions o) {
   for (const PathPair& j : tree.indexes) {
     try {
       uint64_t t = RewriteIndex(j, storage_bytes);
-      if (!o.json) std::cout << fmt::format("{} -> {}: total_size {}\n", j.input, j.output, t);
+      if (!o.json && !o.quiet)
+        std::cout << fmt::format("{} -> {}: total_size {}\n", j.input, j.output, t);
     } catch (const Error& e) {
       PrintError(e.what());
       rc = 1;
@@ -144,10 +153,17 @@ int RunConvert(ConvertCliOptions o) {
     doc["after"] = after;
     doc["copied_files"] = tree.copies.size();
     PrintJson(doc);
-  } else {
+  } else if (rc != 0) {
+    if (tree.checkpoints.size() > 1)
+      std::cerr << fmt::format("ckptool convert: {} of {} failed\n", Count(failed, "checkpoint"),
+                               tree.checkpoints.size());
+  } else if (!o.quiet) {
     std::cout << fmt::format(
-        "Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB ({} other files copied)\n",
-        MiB(before), MiB(after), MiB(before - std::min(before, after)), tree.copies.size());
+        "Done. {} converted: {} -> {}{}\n", Count(tree.checkpoints.size(), "file"),
+        HumanBytes(before), HumanBytes(after),
+        tree.copies.empty()
+            ? ""
+            : fmt::format(" ({} copied as they are)", Count(tree.copies.size(), "other file")));
   }
   return rc;
 }
@@ -169,6 +185,8 @@ Runner AddConvert(CLI::App& app) {
   app.add_flag("--include-optimizer", o->include_optimizer,
                "Convert training state too (optimizer moments, schedulers; never counters "
                "that would change, never DeepSpeed's fp32 master weights)");
+  app.add_flag("-f,--force", o->force, "Write over existing outputs");
+  app.add_flag("-q,--quiet", o->quiet, "Print only errors and warnings");
   app.add_flag("--lossy", o->lossy,
                "Also convert tensors whose values would change beyond rounding (overflow to "
                "infinity, flush to zero, whole numbers that change); the report lists them");

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "base/human.h"
@@ -16,6 +17,7 @@
 #include "io/parallel.h"
 #include "ops/export.h"
 #include "ops/logical_export.h"
+#include "ops/output_set.h"
 #include "ops/result_json.h"
 #include "ops/safetensors_output.h"
 
@@ -34,6 +36,9 @@ struct ExportCliOptions {
   bool exclude_frozen = false;
   unsigned threads = DefaultThreads();
   bool json = false;
+  bool force = false;
+  bool dry_run = false;
+  bool quiet = false;
 };
 
 // Sharded safetensors output in an MPI job: every rank plans the same shards, writes its share
@@ -95,14 +100,55 @@ int RunExport(const ExportCliOptions& o) {
   ExportOptions eo;
   eo.select = o.select;
   eo.all = o.all;
+  eo.dry_run = o.dry_run;
   if (o.dtype == "bf16") eo.to = kernels::Half::kBFloat16;
   if (o.dtype == "fp16") eo.to = kernels::Half::kFloat16;
-  if (!o.max_shard_size.empty()) eo.max_shard_size = ParseSize(o.max_shard_size);
+  if (!o.max_shard_size.empty()) {
+    try {
+      eo.max_shard_size = ParseSize(o.max_shard_size);
+    } catch (const Error& e) {
+      PrintError(fmt::format("--max-shard-size: {}", e.what()));
+      return 2;
+    }
+  }
   eo.threads = o.threads;
   eo.tag = o.tag;
   eo.exclude_frozen = o.exclude_frozen;
   if (shared) eo.team = &team.team;
-  ExportResult r = Export(o.sources, o.to, eo);
+  // The new files go into place as a whole, replacing a previous export's (output_set.h). In
+  // an MPI job rank 0 makes the place and every rank writes its shards there.
+  std::optional<OutputPlace> place;
+  std::string write_to = o.to;
+  if (o.dry_run) {
+    OutputPlace::Check(o.to, o.force);
+  } else if (!shared) {
+    place.emplace(o.to, o.force);
+    write_to = place->write_to();
+  } else {
+    std::string error;
+    if (cluster::IsRoot()) {
+      try {
+        place.emplace(o.to, o.force);
+        write_to = place->write_to();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    std::string decided = cluster::BroadcastFromRoot(error.empty() ? "+" + write_to : "-" + error);
+    if (decided[0] == '-') {
+      if (!cluster::IsRoot()) return 1;
+      throw Error(decided.substr(1));
+    }
+    write_to = decided.substr(1);
+  }
+  ExportResult r;
+  try {
+    r = Export(o.sources, write_to, eo);
+  } catch (const Error& e) {
+    if (!place || place->Unmasked(e.what()) == e.what()) throw;
+    throw Error(place->Unmasked(e.what()));
+  }
+  if (place) r.files = place->Commit(r.files);
   if (!cluster::IsRoot()) return 0;  // rank 0 reports
   for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << Printable(w) << "\n";
   if (o.json) {
@@ -115,6 +161,14 @@ int RunExport(const ExportCliOptions& o) {
       j["archive"] = {{"plain_bytes", r.archive_plain_bytes},
                       {"tensor_bytes_in_place", r.archive_backed_bytes}};
     PrintJson(j);
+    return 0;
+  }
+  if (o.quiet) return 0;
+  if (o.dry_run) {
+    std::cout << fmt::format("Would export {} ({}) from {} to {} (dry run: nothing written)\n",
+                             Count(r.tensors, "tensor"), HumanBytes(r.bytes),
+                             r.selected.empty() ? "the whole object" : "'" + r.selected + "'",
+                             o.to);
     return 0;
   }
   std::cout << fmt::format(
@@ -142,7 +196,7 @@ Runner AddExport(CLI::App& app) {
                  "folder holding 'latest', or a tag folder), torch.distributed.checkpoint "
                  "folder, or a .ckz archive of any of them (read in place)")
       ->required();
-  app.add_option("--to", o->to,
+  app.add_option("-o,--output,--to", o->to,
                  "Output folder (model.safetensors or shards + index), a .safetensors file, or "
                  "(DeepSpeed ZeRO) a torch file: .pt, .pth, .bin, .ckpt")
       ->required();
@@ -160,10 +214,15 @@ Runner AddExport(CLI::App& app) {
                  "DeepSpeed ZeRO: the tag folder to export (default: what 'latest' names)");
   app.add_flag("--exclude-frozen", o->exclude_frozen,
                "DeepSpeed ZeRO: leave frozen parameters out");
+  app.add_flag("-f,--force", o->force,
+               "Replace an existing output (a previous export's files go as a whole)");
+  app.add_flag("--dry-run", o->dry_run, "Say what would be written; write nothing");
+  app.add_flag("-q,--quiet", o->quiet, "Print only errors");
   app.footer(
       "A DeepSpeed ZeRO 1/2/3 checkpoint is consolidated as DeepSpeed's zero_to_fp32.py does: "
       "trainable "
-      "parameters in float32 from the optimizer's fp32 partitions, floating buffers made float32 (integer ones kept), frozen "
+      "parameters in float32 from the optimizer's fp32 partitions, floating buffers made float32 "
+      "(integer ones kept), frozen "
       "parameters "
       "left in their 16-bit type, tied names as aliases; --dtype converts every floating tensor. "
       "--to model.pt writes that state dict as one torch file, as zero_to_fp32.py saves it.");

@@ -85,7 +85,8 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
         r.path = path;
         described.erase(it);
       } else {
-        r = BuildReport(OpenCheckpoint(path), o.top, torch::Trust{o.trust});  // the largest o.top rows
+        r = BuildReport(OpenCheckpoint(path), o.top,
+                        torch::Trust{o.trust});  // the largest o.top rows
       }
       print(RenderText(r, o.top));
     } catch (const Error& e) {
@@ -140,7 +141,8 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
   section(
       "files", in.files, "path",
       [&](const std::string& path) {
-        FileReport r = BuildReport(OpenCheckpoint(path), SIZE_MAX, torch::Trust{o.trust});  // every row
+        FileReport r =
+            BuildReport(OpenCheckpoint(path), SIZE_MAX, torch::Trust{o.trust});  // every row
         WriteJson(out, r);
       },
       true);

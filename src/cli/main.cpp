@@ -4,12 +4,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "base/perf.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
@@ -89,6 +91,11 @@ void RaiseOpenFileLimit() {
   }
 }
 
+std::string VersionText() {
+  std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
+  return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
+}
+
 // Commands that share their work between the ranks of an MPI job themselves; every other
 // command runs on rank 0 alone while the others wait for its exit code (prune decides what
 // to delete, apply and watch act on one folder's state, inspect prints one report).
@@ -100,17 +107,51 @@ bool SpreadsOverRanks(const std::string& command) {
   return false;
 }
 
-// Parses the command line and runs the command; returns its exit code. Errors are printed
-// on rank 0 only (cluster/steps.h: the other ranks' go to rank 0).
+// The command the arguments name: the first one that is not an option ("" when none).
+std::string CommandOf(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (!a.starts_with("-")) return std::string(a);
+  }
+  return "";
+}
+
+// Commands that write nothing: they may run in every process of a launch (WORLD_SIZE).
+bool WritesNothing(const std::string& command) {
+  for (const char* c : {"inspect", "verify", "help", "version", ""}) {
+    if (command == c) return true;
+  }
+  return false;
+}
+
+// "(did you mean --dry-run?)" for the options in a CLI11 error that `sub` does not know.
+std::string SuggestOptions(const CLI::App& sub, const std::string& error) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : sub.get_options()) {
+    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+    for (const std::string& n : o->get_snames()) known.push_back("-" + n);
+  }
+  std::string out;
+  std::istringstream words(error);
+  for (std::string w; words >> w;) {
+    while (!w.empty() && (w.back() == ',' || w.back() == '.')) w.pop_back();
+    if (!w.starts_with("-")) continue;
+    w = w.substr(0, w.find('='));
+    std::string best = ckpt::ClosestName(known, w);
+    if (!best.empty() && best != w) out += fmt::format(" (did you mean {}?)", best);
+  }
+  return out;
+}
+
+// Parses the command line and runs the command; returns its exit code (0 success, 1 a
+// problem found or a job failed, 2 a usage error). Errors are printed on rank 0 only
+// (cluster/steps.h: the other ranks' go to rank 0).
 int RunCommandLine(int argc, char** argv) {
   CLI::App app{
       "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
       "safetensors) without executing them"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", [] {
-    std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
-    return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
-  });
+  app.set_version_flag("--version", [] { return VersionText(); });
   bool perf = false;
   app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr (rank 0's under MPI)");
   struct Command {
@@ -143,14 +184,65 @@ int RunCommandLine(int argc, char** argv) {
       ckpt::cli::AddApply);
   add("watch", "Run the policy on each checkpoint as it completes, beside training",
       ckpt::cli::AddWatch);
+  app.footer(
+      "ckptool help COMMAND: a command's options. ckptool version: the version.\n"
+      "Exit codes: 0 success, 1 a problem found or a job failed, 2 a usage error, 130 "
+      "interrupted.");
+
+  const bool root = ckpt::cluster::IsRoot();
+  std::vector<std::string> names;
+  for (const Command& c : commands) names.push_back(c.app->get_name());
+  const std::string command = CommandOf(argc, argv);
+  if (command == "version") {
+    if (root) std::cout << VersionText() << "\n";
+    return 0;
+  }
+  if (command == "help") {
+    std::string topic;
+    for (int i = 1, seen = 0; i < argc; ++i) {
+      if (argv[i][0] != '-' && seen++ == 1) topic = argv[i];
+    }
+    CLI::App* sub = nullptr;
+    for (const Command& c : commands) {
+      if (c.app->get_name() == topic) sub = c.app;
+    }
+    if (!topic.empty() && !sub) {
+      std::string best = ckpt::ClosestName(names, topic);
+      ckpt::cli::PrintError(
+          fmt::format("no command '{}'{}; `ckptool help` lists them", topic,
+                      best.empty() ? "" : fmt::format(" (did you mean {}?)", best)));
+      return 2;
+    }
+    if (root) std::cout << (sub ? sub->help() : app.help());
+    return 0;
+  }
+  if (!command.empty() && std::find(names.begin(), names.end(), command) == names.end()) {
+    std::string best = ckpt::ClosestName(names, command);
+    ckpt::cli::PrintError(
+        fmt::format("unknown command '{}'{}; `ckptool help` lists the commands", command,
+                    best.empty() ? "" : fmt::format(" (did you mean {}?)", best)));
+    return 2;
+  }
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Help, the version and command-line errors: once, from rank 0.
-    std::ostringstream quiet;
-    int rc = ckpt::cluster::IsRoot() ? app.exit(e) : app.exit(e, quiet, quiet);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) {
+      std::ostringstream quiet;
+      return root ? app.exit(e) : app.exit(e, quiet, quiet);
+    }
+    const CLI::App* sub = &app;
+    for (const Command& c : commands) {
+      if (c.app->get_name() == command) sub = c.app;
+    }
+    if (command.empty()) {
+      ckpt::cli::PrintError("no command given; `ckptool help` lists the commands");
+    } else {
+      ckpt::cli::PrintError(fmt::format("{}{}; `ckptool help {}` lists its options", e.what(),
+                                        SuggestOptions(*sub, e.what()), command));
+    }
+    return 2;
   }
   if (perf && ckpt::cluster::IsRoot()) ckpt::EnablePerf();
   ckpt::InstallInterruptHandlers();
@@ -187,7 +279,7 @@ int RunCommandLine(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // Launched as one of several ranks? Start MPI, or refuse before touching anything.
-  if (int rc = ckpt::cluster::Start(&argc, &argv)) return rc;
+  if (int rc = ckpt::cluster::Start(&argc, &argv, !WritesNothing(CommandOf(argc, argv)))) return rc;
   RaiseOpenFileLimit();
   TuneMalloc();
   int rc = RunCommandLine(argc, argv);

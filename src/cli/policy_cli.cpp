@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+
 #include <signal.h>
 #include <unistd.h>
+#include <filesystem>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -45,6 +47,8 @@ void AddPolicyFlags(CLI::App& app, PolicyCliOptions* o) {
                  "(default: the policy's settle_seconds, else 30)")
       ->check(CLI::Range(0.0, 86400.0 * 365));
   app.add_flag("--json", o->json, "One JSON object per line for each action");
+  app.add_flag("--yes", o->yes,
+               "Let retention delete checkpoints (or set delete = true in [retention])");
   app.add_flag("--retry-failed", o->retry_failed,
                "Run steps again that failed before on the same files with the same options");
   o->threads = DefaultThreads();
@@ -52,7 +56,12 @@ void AddPolicyFlags(CLI::App& app, PolicyCliOptions* o) {
       ->capture_default_str();
 }
 
-std::optional<policy::Policy> ReadPolicy(const PolicyCliOptions& o) {
+std::optional<policy::Policy> ReadPolicy(const PolicyCliOptions& o, bool json) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.root, ec)) {
+    PrintError(fmt::format("{}: not a folder", o.root));
+    return std::nullopt;
+  }
   std::string file = policy::FindPolicy(o.root, o.policy);
   if (file.empty()) {
     PrintError(
@@ -62,7 +71,20 @@ std::optional<policy::Policy> ReadPolicy(const PolicyCliOptions& o) {
   try {
     return policy::LoadPolicy(file);
   } catch (const policy::PolicyError& e) {
-    for (const policy::PolicyProblem& p : e.problems()) PrintError(p.Text());
+    nlohmann::ordered_json problems = nlohmann::ordered_json::array();
+    for (const policy::PolicyProblem& p : e.problems()) {
+      PrintError(p.Text());
+      problems.push_back({{"file", p.file},
+                          {"line", p.line},
+                          {"column", p.column},
+                          {"key", p.key},
+                          {"what", p.what}});
+    }
+    if (json) PrintJson({{"file", file}, {"valid", false}, {"problems", problems}});
+    return std::nullopt;
+  } catch (const Error& e) {
+    PrintError(e.what());
+    if (json) PrintJson({{"file", file}, {"valid", false}, {"problems", {{{"what", e.what()}}}}});
     return std::nullopt;
   }
 }

@@ -20,13 +20,14 @@ struct PolicyCliOptions {
   std::optional<double> settle;
   bool json = false;
   bool retry_failed = false;
+  bool yes = false;  // retention may delete
   unsigned threads = 1;
 };
 void AddPolicyFlags(CLI::App& app, PolicyCliOptions* o);
 
 // The policy for o.root (--policy, else ROOT/ckptool.toml). Prints every problem as
 // "ckptool: error: FILE:LINE:COL: KEY: what" and returns nothing when it is not valid.
-std::optional<policy::Policy> ReadPolicy(const PolicyCliOptions& o);
+std::optional<policy::Policy> ReadPolicy(const PolicyCliOptions& o, bool json = false);
 
 // The settle time: --settle, else the policy's settle_seconds, else 30 s.
 double SettleSeconds(const PolicyCliOptions& o, const policy::Policy& p);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "base/names.h"
 #include "base/utf8.h"
 #include "cli/batch.h"
@@ -105,10 +106,12 @@ int RunShrink(ShrinkCliOptions o) {
   if (!batch.reports()) return 0;  // rank 0 reports for every rank
   uint64_t before = 0, after = 0;
   int rc = 0;
+  size_t failed = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   for (size_t i = 0; i < files.size(); ++i) {
     if (ReportFailure(files[i], errors[i], o.json, doc["files"])) {
       rc = 1;
+      ++failed;
       continue;
     }
     const ShrinkResult& r = results[i];
@@ -136,7 +139,16 @@ int RunShrink(ShrinkCliOptions o) {
     doc["saved"] = saved;
     doc["dry_run"] = o.dry_run;
     PrintJson(doc);
+  } else if (failed) {
+    // No success line after a failure: with several files, say how many failed and what the
+    // others did (one file's error line says it all).
+    if (files.size() > 1)
+      std::cerr << fmt::format(
+          "ckptool shrink: {} of {} failed; the other {}: before {}, after {}\n",
+          Count(failed, "file"), files.size(), files.size() - failed, HumanBytes(before),
+          HumanBytes(after));
   } else {
+    // The reference script's summary line, in its units.
     std::cout << fmt::format("Done. Before {:.2f}MiB, after {:.2f}MiB, saved {:.2f}MiB{}\n",
                              MiB(before), MiB(after), MiB(saved),
                              o.dry_run ? " (dry run: nothing written)" : "");

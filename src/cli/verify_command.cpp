@@ -27,6 +27,7 @@ struct VerifyCliOptions {
   std::vector<std::string> paths;
   unsigned threads = DefaultThreads();
   bool quiet = false;
+  bool json = false;
   std::vector<std::string> trust;
 };
 
@@ -131,6 +132,7 @@ int RunVerify(const VerifyCliOptions& o) {
   std::vector<Found> found(items.size());
   std::vector<std::string> errors(items.size());
   size_t bad = 0, problems = 0;
+  nlohmann::ordered_json doc = {{"checkpoints", nlohmann::ordered_json::array()}};
   // Rank 0 reports each checkpoint, in input order: a single process as soon as it is
   // verified, an MPI job once every rank's results are in. False: the run stops there.
   auto report = [&](size_t i) {
@@ -138,6 +140,20 @@ int RunVerify(const VerifyCliOptions& o) {
     if (f.internal) {
       PrintError(f.failed);
       return false;
+    }
+    if (o.json) {
+      nlohmann::ordered_json row = {{"path", items[i].path},
+                                    {"ok", f.failed.empty() && f.outcome.problems.empty()}};
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      if (!f.failed.empty()) list.push_back({{"where", ""}, {"what", f.failed}});
+      for (const auto& p : f.outcome.problems)
+        list.push_back({{"where", p.where}, {"what", p.what}});
+      row["problems"] = list;
+      row["notes"] = f.outcome.notes;
+      doc["checkpoints"].push_back(std::move(row));
+      problems += list.size();
+      if (!list.empty()) ++bad;
+      return true;
     }
     if (!f.failed.empty()) {
       std::cout << Printable(f.failed) << "\n";
@@ -183,10 +199,14 @@ int RunVerify(const VerifyCliOptions& o) {
   for (size_t i = 0; i < found.size() && !live; ++i) {
     if (!report(i)) return 1;
   }
+  if (o.json) {
+    doc["problems"] = problems;
+    PrintJson(doc);
+  }
   std::cout.flush();
   if (bad) {
-    std::cerr << fmt::format("ckptool verify: {} problem(s) in {} of {} file(s)\n", problems, bad,
-                             files.size() + dcp_folders.size() + archives.size());
+    std::cerr << fmt::format("ckptool verify: {} in {} of {}\n", Count(problems, "problem"), bad,
+                             Count(items.size(), "checkpoint"));
     return 1;
   }
   return 0;
@@ -199,6 +219,8 @@ Runner AddVerify(CLI::App& app) {
   app.add_option("paths", o->paths, "Checkpoint files or folders")->required();
   app.add_option("-j,--threads", o->threads, "Threads for CRC checking")->capture_default_str();
   app.add_flag("-q,--quiet", o->quiet, "Print only problems");
+  app.add_flag("--json", o->json,
+               "Print one JSON document: each checkpoint, its problems and notes");
   AddTrustFlag(app, &o->trust);
   return [o] { return RunVerify(*o); };
 }

@@ -147,6 +147,7 @@ int RunWatch(const WatchCliOptions& o) {
   }
   GracefulStop graceful;
   ApplyOptions ao;
+  ao.yes = o.p.yes;
   ao.retry_failed = o.p.retry_failed;
   ao.threads = o.p.threads;
   ao.settle_seconds = SettleSeconds(o.p, *p);

@@ -16,8 +16,10 @@
 namespace ckpt::cluster {
 
 // Reads the launch (launch.h), starts MPI when it must. Returns 0 to go on, or an exit code
-// (2) after printing why this process must not run.
-int Start(int* argc, char*** argv);
+// (2) after printing why this process must not run. A command that writes nothing (`writes`
+// false: inspect, verify, help) runs in every process of an unconnected launch (torchrun's
+// WORLD_SIZE): its copies cannot race.
+int Start(int* argc, char*** argv, bool writes);
 // MPI_Finalize when MPI was started; safe to call more than once.
 void Stop();
 

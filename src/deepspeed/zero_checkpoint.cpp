@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <set>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <unordered_map>
 
 #include "base/checked.h"

@@ -17,7 +17,12 @@ void SyncFolder(const std::string& path) {
 
 TempFolder::~TempFolder() {
   std::error_code ec;
-  if (!keep && !path.empty()) std::filesystem::remove_all(path, ec);
+  if (keep || path.empty()) return;
+  // remove_all stops at the first error, such as a file another process removed meanwhile.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::filesystem::remove_all(path, ec);
+    if (!ec) return;
+  }
 }
 
 }  // namespace ckpt

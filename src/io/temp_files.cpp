@@ -37,6 +37,12 @@ void RemoveAll() {
 
 void OnSignal(int sig) {
   RemoveAll();
+  // One line, then die of the signal (the shell reports 128 + its number: 130 for Ctrl-C).
+  static const char kMessage[] =
+      "ckptool: interrupted: the outputs being written were removed; what was replaced before "
+      "stays replaced, nothing is half written\n";
+  ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+  (void)ignored;
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }

@@ -22,8 +22,8 @@ std::string ConversionLoss::Reason(Half to) const {
   const char* name = to == Half::kBFloat16 ? "bfloat16" : "float16";
   if (overflow) return fmt::format("{} values would become infinity in {}", overflow, name);
   if (values && all_integers && integers_changed) {
-    return fmt::format("it holds whole numbers and {} of them would change in {}",
-                       integers_changed, name);
+    return fmt::format("it holds whole numbers and {} of them would change in {}", integers_changed,
+                       name);
   }
   // More than 1% of the non-zero values: trained weights have a few tiny values that any
   // half-precision copy rounds away; optimizer moments and other small quantities have most.

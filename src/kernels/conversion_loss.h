@@ -13,11 +13,11 @@ namespace ckpt::kernels {
 
 struct ConversionLoss {
   uint64_t values = 0;
-  uint64_t nonzero = 0;       // finite non-zero inputs
-  uint64_t overflow = 0;      // finite inputs that would become infinity
-  uint64_t to_zero = 0;       // non-zero inputs that would become zero
-  uint64_t to_subnormal = 0;  // inputs that would become subnormal (lose precision)
-  bool all_integers = true;   // every input is a whole number (counters, indices)
+  uint64_t nonzero = 0;           // finite non-zero inputs
+  uint64_t overflow = 0;          // finite inputs that would become infinity
+  uint64_t to_zero = 0;           // non-zero inputs that would become zero
+  uint64_t to_subnormal = 0;      // inputs that would become subnormal (lose precision)
+  bool all_integers = true;       // every input is a whole number (counters, indices)
   uint64_t integers_changed = 0;  // whole numbers the conversion would change (4097 -> 4096)
 
   void Add(const ConversionLoss& o);

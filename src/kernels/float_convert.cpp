@@ -25,16 +25,16 @@ uint16_t Float32ToFloat16(uint32_t x) {
   uint32_t abs = x & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return sign | 0x7E00u | static_cast<uint16_t>((abs >> 13) & 0x3FFu);
   if (abs >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to infinity
-  if (abs >= 0x38800000u) {                        // normal in float16 (>= 2^-14)
-    uint32_t v = abs - 0x38000000u;                // rebias the exponent: 127 - 15 = 112
-    v += 0x0FFFu + ((v >> 13) & 1u);               // round to nearest even on 13 dropped bits
+  if (abs >= 0x38800000u) {                       // normal in float16 (>= 2^-14)
+    uint32_t v = abs - 0x38000000u;               // rebias the exponent: 127 - 15 = 112
+    v += 0x0FFFu + ((v >> 13) & 1u);              // round to nearest even on 13 dropped bits
     return sign | static_cast<uint16_t>(v >> 13);
   }
   if (abs < 0x33000000u) return sign;  // below 2^-25: rounds to zero (2^-25 itself ties to 0)
   // Subnormal: the result counts units of 2^-24.
-  uint32_t exponent = abs >> 23;                   // 102..112
+  uint32_t exponent = abs >> 23;  // 102..112
   uint32_t mantissa = (abs & 0x7FFFFFu) | 0x800000u;
-  uint32_t shift = 126 - exponent;                 // 14..24 bits to drop
+  uint32_t shift = 126 - exponent;  // 14..24 bits to drop
   uint32_t r = mantissa >> shift;
   uint32_t rest = mantissa & ((1u << shift) - 1);
   uint32_t half = 1u << (shift - 1);
@@ -75,8 +75,10 @@ bool CpuHasAvx2() {
 
 std::string_view KernelName(Kernel k) {
   switch (k) {
-    case Kernel::kScalar: return "scalar";
-    case Kernel::kAvx2: return "avx2+f16c";
+    case Kernel::kScalar:
+      return "scalar";
+    case Kernel::kAvx2:
+      return "avx2+f16c";
   }
   return "?";
 }

@@ -28,6 +28,7 @@
 #include "ops/dcp_report.h"
 #include "ops/dcp_strip.h"
 #include "ops/export.h"
+#include "ops/output_set.h"
 #include "ops/prune.h"
 #include "ops/shrink.h"
 #include "ops/strip.h"
@@ -137,6 +138,10 @@ struct StepContext {
   const Policy& p;
   unsigned threads;
   bool dry_run;
+  // The ledger knew this checkpoint before this pass (a step interrupted, options or files
+  // changed): the outputs its steps wrote then are replaced. A checkpoint seen for the first
+  // time finds its output places free, or the step fails rather than write over them.
+  bool replace_outputs;
   std::vector<std::string> outputs_inside;  // absolute
 };
 
@@ -334,7 +339,7 @@ StepOutcome RunConvert(const StepContext& c) {
   // A folder's copy goes to <folder>/<dtype>/; a file's to ROOT/<dtype>/<file>, as
   // `ckptool convert` does for the folder holding it.
   std::string out_dir = c.e.folder ? out : fs::path(out).parent_path().string();
-  ConvertTree tree = PlanConvertTree({c.e.path}, out_dir, "", s.dtype_name);
+  ConvertTree tree = PlanConvertTree({c.e.path}, out_dir, "", s.dtype_name, c.replace_outputs);
   auto training = [&](const PathPair& j) {
     return !s.training_files && IsTrainingOnlyFile(j.input);
   };
@@ -365,7 +370,7 @@ StepOutcome RunConvert(const StepContext& c) {
     for (const std::string& w : r.warnings) o.warnings.push_back(r.path + ": " + w);
   }
   for (const PathPair& j : tree.copies) {
-    CopyFile(j);
+    CopyFile(j, s.dtype_name);
     o.written += FileSize(j.output);
   }
   for (const PathPair& j : tree.indexes) {
@@ -420,8 +425,15 @@ StepOutcome RunExport(const StepContext& c) {
   eo.max_shard_size = s.max_shard_size;
   eo.threads = c.threads;
   eo.exclude_frozen = s.exclude_frozen;
-  if (!out.ends_with(".safetensors")) fs::create_directories(out);
-  ExportResult r = Export(sources, out, eo);
+  OutputPlace place(out, c.replace_outputs);  // a new set replaces the old as a whole
+  ExportResult r;
+  try {
+    r = Export(sources, place.write_to(), eo);
+  } catch (const Error& e) {
+    if (place.Unmasked(e.what()) == e.what()) throw;
+    throw Error(place.Unmasked(e.what()));
+  }
+  r.files = place.Commit(r.files);
   for (const std::string& f : r.files) o.written += FileSize(f);
   o.warnings = r.warnings;
   o.message = fmt::format("{} tensors ({}) to {}{}", r.tensors, HumanBytes(r.bytes), out_rel,
@@ -712,6 +724,16 @@ void Applier::State::Retention(PruneResult& plan, PassResult& result) {
       ++result.deleted;
       continue;
     }
+    if (!o.yes && !policy.retention->delete_confirmed) {
+      result.bytes_freed -= pe.bytes;
+      ev.kind = "keep";
+      ev.message = fmt::format(
+          "would delete ({}, {}): deleting needs --yes, or delete = true in [retention]",
+          HumanBytes(pe.bytes), pe.reason);
+      Log(ev);
+      ++result.not_confirmed;
+      continue;
+    }
     // Its outputs elsewhere first, then the checkpoint, then the ledger: a run killed in
     // between finds the same plan and finishes it.
     // Whatever another process (the trainer's own rotation) deleted meanwhile is done.
@@ -753,6 +775,7 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
   auto& records = ledger.checkpoints();
   auto it = records.find(e.name);
   Fingerprint now = *stat;
+  const bool known = it != records.end();
   if (it == records.end()) {
     if (due.empty()) return;
     policy::CheckpointRecord r;
@@ -811,7 +834,7 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
     rec.failed.reset();
     dirty = true;
   }
-  StepContext c{root, e, policy, o.threads, o.dry_run, {}};
+  StepContext c{root, e, policy, o.threads, o.dry_run, known, {}};
   for (const std::string& out : OutputsInside(policy, e))
     c.outputs_inside.push_back(Abs(root, out));
   for (Step s : due) {

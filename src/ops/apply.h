@@ -46,6 +46,9 @@ struct ApplyEvent {
 
 struct ApplyOptions {
   bool dry_run = false;
+  // Retention deletes only with --yes or `delete = true` in [retention]; otherwise it says
+  // what it would delete.
+  bool yes = false;
   bool retry_failed = false;  // run steps again that failed on unchanged files
   unsigned threads = 1;
   double settle_seconds = 30;
@@ -57,6 +60,7 @@ struct ApplyOptions {
 struct PassResult {
   size_t steps_run = 0;
   size_t deleted = 0;
+  size_t not_confirmed = 0;  // retention would delete, but no --yes nor `delete = true`
   size_t failures = 0;       // failed now, or failed earlier and not retried
   size_t waiting = 0;        // checkpoints not complete yet
   uint64_t bytes_freed = 0;  // retention + in-place steps (dry run: what would be)

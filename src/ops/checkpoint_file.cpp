@@ -74,11 +74,13 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
       }
       // torch.load hands every file that is not a zip to pickle.load before it checks for
       // its magic number: say what that would run.
-      std::string effects = torch::EffectsOfFirstPickle(bytes.first(std::min<size_t>(bytes.size(), 64u << 20)));
+      std::string effects =
+          torch::EffectsOfFirstPickle(bytes.first(std::min<size_t>(bytes.size(), 64u << 20)));
       if (!effects.empty()) {
-        Fail("not a checkpoint (no torch magic number), but torch.load would unpickle it, and "
-             "the pickle {}",
-             effects);
+        Fail(
+            "not a checkpoint (no torch magic number), but torch.load would unpickle it, and "
+            "the pickle {}",
+            effects);
       }
       if (bytes.size() >= 1 && bytes[0] == 0x80) {
         Fail("a bare pickle, not a torch checkpoint (no torch magic number)");

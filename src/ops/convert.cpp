@@ -14,16 +14,16 @@
 #include "io/atomic_output.h"
 #include "io/checked_ranges.h"
 #include "io/file_copy.h"
-#include "io/parallel_crc.h"
 #include "io/parallel.h"
+#include "io/parallel_crc.h"
 #include "io/range_stream.h"
+#include "kernels/conversion_loss.h"
 #include "ops/checkpoint_file.h"
 #include "ops/piece_writer.h"
 #include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
 #include "ops/training_state.h"
-#include "kernels/conversion_loss.h"
 #include "safetensors/safetensors_writer.h"
 
 namespace ckpt {
@@ -93,8 +93,8 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
       in_training |= training_state;
       for (std::string_view n : t.names) master |= IsMasterWeightName(n);
       // Training state asked for by --include-optimizer, or by name with --only.
-      bool wanted = o.only.empty() ? (training_state ? o.include_optimizer : in_model(t.names))
-                                   : true;
+      bool wanted =
+          o.only.empty() ? (training_state ? o.include_optimizer : in_model(t.names)) : true;
       (wanted && SelectedForConversion(t.names, t.shape.size(), o) ? yes : no)
           .emplace_back(t.names[0]);
     }
@@ -131,7 +131,7 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
   }
   std::vector<kernels::ConversionLoss> loss(candidates.size());
   {
-    constexpr uint64_t kPiece = 16u << 20;  // bytes measured per job
+    constexpr uint64_t kPiece = 16u << 20;          // bytes measured per job
     std::vector<std::pair<size_t, uint64_t>> jobs;  // (candidate, offset in its span)
     for (size_t k = 0; k < candidates.size(); ++k) {
       const PlannedStorage& s = rp.storages[candidates[k].storage];
@@ -215,7 +215,8 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
   std::vector<bool> selected(st.tensors.size(), false);
   for (size_t i = 0; i < st.tensors.size(); ++i) {
     const safetensors::TensorEntry& e = st.tensors[i];
-    selected[i] = e.dtype == "F32" && SelectedForConversion(torch::NameList{e.name}, e.shape.size(), o);
+    selected[i] =
+        e.dtype == "F32" && SelectedForConversion(torch::NameList{e.name}, e.shape.size(), o);
   }
   ParallelFor(st.tensors.size(), o.threads, [&](size_t i) {
     if (!selected[i]) return;

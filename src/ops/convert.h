@@ -27,11 +27,11 @@ namespace ckpt {
 
 struct ConvertOptions {
   kernels::Half to = kernels::Half::kBFloat16;
-  std::vector<std::string> keep;  // tensor-name globs that stay float32
-  std::vector<std::string> only;  // when set, convert only names matching one of these
-  bool keep_1d = false;           // 1-D tensors (norms, biases) stay float32
+  std::vector<std::string> keep;   // tensor-name globs that stay float32
+  std::vector<std::string> only;   // when set, convert only names matching one of these
+  bool keep_1d = false;            // 1-D tensors (norms, biases) stay float32
   bool include_optimizer = false;  // convert training state too (never fp32 master weights)
-  bool lossy = false;  // convert tensors whose values conversion would change, too
+  bool lossy = false;              // convert tensors whose values conversion would change, too
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
   torch::Trust trust;  // modules whose calls are accepted (--trust)

@@ -1,9 +1,11 @@
 #include "ops/convert_tree.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "base/error.h"
@@ -11,6 +13,7 @@
 #include "io/atomic_output.h"
 #include "io/file_copy.h"
 #include "io/mapped_file.h"
+#include "io/text_file.h"
 #include "ops/checkpoint_file.h"
 
 namespace ckpt {
@@ -27,7 +30,8 @@ bool IsIndex(const fs::path& p) {
 }  // namespace
 
 ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::string& output_dir,
-                            const std::string& output_file, const std::string& dtype_name) {
+                            const std::string& output_file, const std::string& dtype_name,
+                            bool force) {
   ConvertTree t;
   if (!output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
     Fail("-o names one output file: give exactly one input file");
@@ -35,6 +39,16 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
   for (const std::string& path : paths) {
     if (!fs::is_directory(path)) {
       if (!output_file.empty()) {
+        // The output keeps the input's format: its name must say so.
+        MappedFile m = MappedFile::Open(path);
+        std::optional<Format> f = DetectFormat(m.bytes());
+        bool st_out = output_file.ends_with(".safetensors");
+        if (f && (*f == Format::kSafetensors) != st_out) {
+          Fail("-o {}: convert keeps {}'s format ({}); {}", output_file, path, FormatName(*f),
+               st_out ? fmt::format("`ckptool export {} -o {} --dtype {}` writes safetensors", path,
+                                    output_file, dtype_name)
+                      : "name the output .safetensors");
+        }
         t.checkpoints.push_back({path, output_file});
       } else if (!output_dir.empty()) {
         t.checkpoints.push_back(
@@ -51,6 +65,10 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
           path, path, dtype_name);
     }
     fs::path out = output_dir.empty() ? fs::path(path) / dtype_name : fs::path(output_dir);
+    std::error_code ec;
+    if (!force && fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
+      Fail("{}: exists; --force writes over it", out.string());
+    }
     std::vector<fs::path> entries;
     for (const auto& e : fs::directory_iterator(path)) {
       if (e.is_regular_file() && !e.is_symlink()) entries.push_back(e.path());
@@ -70,11 +88,58 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
       }
     }
   }
+  if (!force) {
+    for (const PathPair& j : t.checkpoints) {
+      std::error_code ec;
+      if (fs::exists(fs::symlink_status(j.output, ec)))
+        Fail("{}: exists; --force replaces it", j.output);
+    }
+  }
   return t;
 }
 
-void CopyFile(const PathPair& job) {
+void CopyFile(const PathPair& job, const std::string& dtype_name) {
+  if (!dtype_name.empty() && fs::path(job.input).filename() == "config.json") {
+    MappedFile in = MappedFile::Open(job.input);
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(AsText(in.bytes()), nullptr, false);
+    bool changed = false;
+    if (j.is_object()) {
+      std::string torch_name = dtype_name == "bf16" ? "bfloat16" : "float16";
+      for (const char* key : {"torch_dtype", "dtype"}) {
+        if (j.contains(key) && j[key].is_string() && j[key] != torch_name) {
+          j[key] = torch_name;
+          changed = true;
+        }
+      }
+    }
+    if (changed) {
+      std::string text =
+          j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+      AtomicOutput out = AtomicOutput::Create(job.output, text.size());
+      out.RequireUnchanged(in);
+      out.Write(0, AsBytes(text));
+      out.SetMode(in.mode(), in.uid(), in.gid());
+      out.Commit();
+      return;
+    }
+  }
   CopyFileAtomically(MappedFile::Open(job.input), job.output);
+}
+
+std::string WhyNothingToConvert(const std::string& folder, const std::string& dtype_name) {
+  std::error_code ec;
+  fs::path latest = fs::path(folder) / "latest";
+  if (fs::is_regular_file(latest, ec)) {
+    std::string tag = ReadMarkerFile(latest.string());
+    if (!tag.empty()) {
+      return fmt::format(
+          "{} is a DeepSpeed folder (its 'latest' names {}): convert a tag folder, e.g. "
+          "`ckptool convert --dtype {} {} --output-dir {}_{}/{}`",
+          folder, tag, dtype_name, (fs::path(folder) / tag).string(),
+          fs::path(folder).filename().string(), dtype_name, tag);
+    }
+  }
+  return "";
 }
 
 uint64_t RewriteIndex(const PathPair& job, const std::map<std::string, uint64_t>& storage_bytes) {

@@ -25,11 +25,19 @@ struct ConvertTree {
   std::vector<PathPair> indexes;
 };
 
+// Throws ckpt::Error for an output of another format than its input (convert keeps a file's
+// format; export changes it) and, unless `force`, for an output that exists.
 ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::string& output_dir,
-                            const std::string& output_file, const std::string& dtype_name);
+                            const std::string& output_file, const std::string& dtype_name,
+                            bool force = false);
 
-// Copies `job.input` to `job.output` atomically.
-void CopyFile(const PathPair& job);
+// Copies `job.input` to `job.output` atomically. A Hugging Face config.json gets the new dtype
+// ("torch_dtype" and "dtype": "bfloat16" or "float16") when `dtype_name` is given.
+void CopyFile(const PathPair& job, const std::string& dtype_name = "");
+
+// Why a folder holds nothing convert takes, when it can tell (a DeepSpeed folder holding
+// tag folders: name the tag folder); "" otherwise.
+std::string WhyNothingToConvert(const std::string& folder, const std::string& dtype_name);
 
 // Rewrites an index: same content, metadata.total_size = the sum of `storage_bytes` over the
 // shard files its weight_map names (by file name). Returns the new total.

@@ -30,8 +30,8 @@
 #include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
 #include "ops/tensor_bytes.h"
-#include "ops/zero_export.h"
 #include "ops/training_state.h"
+#include "ops/zero_export.h"
 #include "safetensors/shard_index.h"
 #include "torch/global_policy.h"
 
@@ -45,7 +45,7 @@ namespace {
 struct ExportedTensor {
   size_t file = 0;
   size_t tensor = 0;  // into the file's torch tensor table, or its safetensors entries
-  std::string name;                             // kept name
+  std::string name;   // kept name
   torch::DType dtype = torch::DType::kFloat32;  // as written
   bool convert = false;
   uint64_t size = 0;  // bytes written
@@ -151,7 +151,8 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
   if (f.st) {  // a safetensors tensor: one contiguous range
     const safetensors::TensorEntry& e = f.st->tensors[it.tensor];
     std::optional<std::vector<int64_t>> shape = torch::TorchShape(it.dtype, e.shape);
-    if (!shape) Fail("tensor '{}': {} with an odd last dimension has no torch shape", e.name, e.dtype);
+    if (!shape)
+      Fail("tensor '{}': {} with an odd last dimension has no torch shape", e.name, e.dtype);
     TensorSource src{it.name, it.dtype, *shape, it.size, false, nullptr};
     uint64_t at = f.st->data_offset + e.begin;
     src.input = &f.map;
@@ -292,15 +293,17 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   std::vector<ExportedTensor> items;
   std::map<std::string, std::string> aliases;  // alias -> kept
   size_t all_tensors = 0;
-  for (const auto& f : files) all_tensors += f->torch ? f->torch->model.tensors.size() : f->st->tensors.size();
+  for (const auto& f : files)
+    all_tensors += f->torch ? f->torch->model.tensors.size() : f->st->tensors.size();
   items.reserve(all_tensors);
   std::unordered_map<std::string, size_t> file_of;  // exported name -> file (shards are disjoint)
   auto claim = [&](const std::string& name, size_t fi) {
     auto [it, fresh] = file_of.try_emplace(name, fi);
     if (!fresh && it->second != fi) {
-      Fail("'{}' is in both {} and {}: these are separate checkpoints, not the shards of one "
-           "model; export one of them",
-           name, files[it->second]->path, files[fi]->path);
+      Fail(
+          "'{}' is in both {} and {}: these are separate checkpoints, not the shards of one "
+          "model; export one of them",
+          name, files[it->second]->path, files[fi]->path);
     }
   };
   for (size_t fi = 0; fi < files.size(); ++fi) {
@@ -319,7 +322,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.size = e.end - e.begin;
         if (o.to && *dtype == torch::DType::kFloat32) {
           it.convert = true;
-          it.dtype = *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+          it.dtype =
+              *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
           it.size /= 2;
         }
         claim(it.name, fi);
@@ -417,6 +421,12 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   for (const ExportedTensor& it : items) outputs.push_back(SourceOf(it, *files[it.file], o.to));
   for (uint32_t rank = 0; rank < by_position.size(); ++rank)
     outputs[by_position[rank]].read_order = rank;
+  if (o.dry_run) {
+    r.tensors = items.size();
+    r.aliases = aliases.size();
+    for (const ExportedTensor& it : items) r.bytes += it.size;
+    return r;
+  }
   SafetensorsModelOptions so;
   so.max_shard_size = o.max_shard_size;
   so.threads = o.threads;

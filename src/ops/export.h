@@ -24,6 +24,7 @@ struct ShardTeam;  // ops/safetensors_output.h
 struct ExportOptions {
   std::string select;               // key path of the sub-object; empty: auto-detect
   bool all = false;                 // everything: training state and training-only files too
+  bool dry_run = false;             // plan only: the result counts what would be written
   std::optional<kernels::Half> to;  // convert float32 tensors
   uint64_t max_shard_size = 0;      // 0: a single file
   unsigned threads = 1;

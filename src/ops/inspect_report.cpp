@@ -220,7 +220,8 @@ void FromSafetensors(const CheckpointFile& f, FileReport& r, RowKeeper& keeper) 
       row.kind = "tensor";
       // The shape torch loads it as (F4: float4_e2m1fn_x2, half as many elements).
       std::optional<torch::DType> dt = torch::FromSafetensors(e.dtype);
-      std::optional<std::vector<int64_t>> shape = dt ? torch::TorchShape(*dt, e.shape) : std::nullopt;
+      std::optional<std::vector<int64_t>> shape =
+          dt ? torch::TorchShape(*dt, e.shape) : std::nullopt;
       row.shape = shape ? *shape : e.shape;
       row.stride.assign(row.shape.size(), 1);
       for (size_t i = row.shape.size(); i-- > 1;)

@@ -76,6 +76,10 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   }
   r.tensors = outputs.size();
   r.aliases = aliases.size();
+  if (o.dry_run) {
+    for (const TensorSource& t : outputs) r.bytes += t.size;
+    return r;
+  }
   if (IsTorchOutputPath(to)) {
     if (o.max_shard_size) Fail("--max-shard-size applies to safetensors output, not {}", to);
     TorchOutputOptions to_opts;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -31,6 +32,11 @@ namespace {
 AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& tensors,
                            const std::map<std::string, std::string>& metadata,
                            const SafetensorsModelOptions& o) {
+  // Test hook (tests/integration/test_mpi.py): the file of this name fails to be written, on
+  // whichever rank writes it.
+  if (const char* fail = std::getenv("CKPTOOL_TEST_FAIL_WRITE");
+      fail && fs::path(path).filename() == fail)
+    Fail("{}: cannot be written (CKPTOOL_TEST_FAIL_WRITE)", path);
   // Widest dtype first, then by name: safetensors' own order, which keeps every tensor aligned.
   std::stable_sort(tensors.begin(), tensors.end(),
                    [](const TensorSource& a, const TensorSource& b) {
@@ -259,6 +265,9 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
         break;
       }
     }
+    // The shards not put into place go now, before rank 0 learns that every rank is done (it
+    // may remove the folder they are in).
+    done.clear();
     std::string confirmed = o.team->committed(commit_error);
     if (!verdict.error.empty()) throw Error(verdict.error);
     if (!error.empty()) throw Error(error);

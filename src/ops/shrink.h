@@ -15,7 +15,7 @@ struct ShrinkOptions {
   std::string output_dir;  // empty: replace each file in place
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
-  torch::Trust trust;  // modules whose calls are accepted (--trust)
+  torch::Trust trust;                           // modules whose calls are accepted (--trust)
   bool materialize = false;                     // lay lone non-contiguous views out contiguously
   std::atomic<uint64_t>* bytes_done = nullptr;  // progress, may be null
 };

@@ -8,14 +8,14 @@
 #include <unordered_set>
 
 #include "base/error.h"
-#include "deepspeed/zero_checkpoint.h"
 #include "base/names.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "io/file_copy.h"
 #include "ops/checkpoint_file.h"
 #include "ops/rewritable.h"
-#include "ops/training_state.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"
+#include "ops/training_state.h"
 #include "pickle/path_walker.h"
 
 namespace ckpt {

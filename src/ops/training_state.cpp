@@ -33,7 +33,8 @@ bool IsTrainingOnlyFile(const std::string& path) {
 }
 
 bool IsMasterWeightName(std::string_view name) {
-  for (std::string_view key : {"single_partition_of_fp32_groups", "fp32_flat_groups", "fp32_groups"}) {
+  for (std::string_view key :
+       {"single_partition_of_fp32_groups", "fp32_flat_groups", "fp32_groups"}) {
     size_t at = name.find(key);
     if (at == std::string_view::npos) continue;
     bool starts = at == 0 || name[at - 1] == '.';

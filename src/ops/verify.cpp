@@ -80,7 +80,8 @@ void CheckGlobals(const torch::Model& m, const torch::Trust& trust, VerifyResult
   for (const torch::ImportedName& n : scan.names) {
     if (n.cls != torch::GlobalClass::kOther || n.verdict == torch::Verdict::kUnsafe) continue;
     refused += refused.empty() ? n.name : ", " + n.name;
-    if (n.verdict == torch::Verdict::kReconstructed) rebuilt += rebuilt.empty() ? n.name : ", " + n.name;
+    if (n.verdict == torch::Verdict::kReconstructed)
+      rebuilt += rebuilt.empty() ? n.name : ", " + n.name;
   }
   if (!refused.empty()) {
     out.notes.push_back("torch.load(weights_only=True) refuses it: it imports " + refused);

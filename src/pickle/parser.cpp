@@ -70,7 +70,8 @@ class Parser {
     throw Tampered(fmt::format("pickle offset {}: {}", op_offset_, what));
   }
   void Anomaly(const std::string& what) {
-    if (anomalies_.size() < 16) anomalies_.push_back(fmt::format("pickle offset {}: {}", op_offset_, what));
+    if (anomalies_.size() < 16)
+      anomalies_.push_back(fmt::format("pickle offset {}: {}", op_offset_, what));
   }
 
   // ---- node creation: every new node goes through Track() for limits and depth ----
@@ -233,7 +234,8 @@ class Parser {
       Error(fmt::format("{} argument '{}' is not a memo index", opname, line.substr(0, 40)));
     }
     uint64_t u = 0;
-    for (size_t i = 0; i < le.size(); ++i) u |= static_cast<uint64_t>(static_cast<uint8_t>(le[i])) << (8 * i);
+    for (size_t i = 0; i < le.size(); ++i)
+      u |= static_cast<uint64_t>(static_cast<uint8_t>(le[i])) << (8 * i);
     if (!le.empty() && (le.back() & 0x80)) {
       Error(fmt::format("negative {} argument", opname));
     }
@@ -316,7 +318,8 @@ class Parser {
       if (dict == kNil || g_.kind(dict) != Kind::kDict) return;
       const auto& p = g_.pairs(dict);
       for (size_t i = 0; i + 1 < p.size(); i += 2) {
-        if (g_.kind(p[i]) == Kind::kStr) patches_[prefix + "." + std::string(g_.text(p[i]))] = p[i + 1];
+        if (g_.kind(p[i]) == Kind::kStr)
+          patches_[prefix + "." + std::string(g_.text(p[i]))] = p[i + 1];
       }
     };
     if (g_.kind(state) == Kind::kTuple && g_.items(state).size() == 2) {
@@ -341,9 +344,10 @@ class Parser {
       // One reference cycle is ordinary Python data; a container holding itself again and
       // again is the shape of a memory-expansion attack on code that walks the result.
       if (v == target && (k == Kind::kList || k == Kind::kDict) && ++self_refs_[target] == 2) {
-        Anomaly(fmt::format("a {} that holds itself more than once: the shape of a memory-"
-                            "expansion attack on code that walks the object; no state dict has one",
-                            KindName(k)));
+        Anomaly(
+            fmt::format("a {} that holds itself more than once: the shape of a memory-"
+                        "expansion attack on code that walks the object; no state dict has one",
+                        KindName(k)));
       }
       if (pairs) {
         g_.ids.Push(g_.mutable_lists(target).pairs, v);
@@ -360,11 +364,11 @@ class Parser {
   std::vector<NodeId> stack_;
   std::vector<size_t> marks_;
   std::vector<uint16_t> depth_;
-  std::vector<uint8_t> unhashable_;                   // per node: Python could not hash it
+  std::vector<uint8_t> unhashable_;  // per node: Python could not hash it
   bool apply_patches_ = false;
   std::unordered_map<std::string, NodeId> patches_;  // "module.attr" -> value BUILD set
   std::vector<std::string> anomalies_;
-  std::unordered_map<NodeId, uint32_t> self_refs_;    // containers that hold themselves
+  std::unordered_map<NodeId, uint32_t> self_refs_;  // containers that hold themselves
   uint64_t opcodes_ = 0;
   uint64_t max_memo_key_ = 0;
   std::vector<NodeId> memo_dense_;                    // memo keys below its size
@@ -420,8 +424,7 @@ void Parser::Step(uint8_t code) {
     case op::kInt:
       Push(IntOpcode(Line()));
       return;
-    case op::kLong:
-    {
+    case op::kLong: {
       // _pickle.c load_long: one 'L' before the newline is dropped, then base-0 int().
       std::string_view line = Line();
       if (line.back() == 'L') line.remove_suffix(1);
@@ -607,7 +610,8 @@ void Parser::Step(uint8_t code) {
       std::vector<NodeId> args = PopMark();
       std::string module(Line());
       std::string name(Line());
-      if (!IsAscii(module) || !IsAscii(name)) Error("INST name is not ASCII (_pickle.c fails on it)");
+      if (!IsAscii(module) || !IsAscii(name))
+        Error("INST name is not ASCII (_pickle.c fails on it)");
       NodeId cls = NewGlobal(module, name);
       Push(MakeObject(Construct::kInst, cls, NewSequence(Kind::kTuple, std::move(args))));
       return;

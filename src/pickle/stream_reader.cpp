@@ -17,8 +17,7 @@ void StreamReader::Diverges(std::string_view what) const {
 
 Bytes StreamReader::Take(uint64_t n) {
   if (n > remaining()) {
-    Fail("unexpected end of data at offset {}: need {} bytes, {} left", file_pos(), n,
-         remaining());
+    Fail("unexpected end of data at offset {}: need {} bytes, {} left", file_pos(), n, remaining());
   }
   Bytes out = data_.subspan(pos_, n);
   pos_ += n;
@@ -80,10 +79,10 @@ void StreamReader::StartFrame(uint64_t n) {
     // _pickle.c: a frame that fits in what is left of the buffer changes nothing; one that
     // does not drops the buffer's rest. pickle.py refuses both; no pickler writes either.
     if (mode_ == FrameMode::kStrict) {
-      throw FrameDivergence(fmt::format(
-          "pickle offset {}: a FRAME starts {} bytes before the previous frame ends; "
-          "unpicklers disagree on what follows; refused",
-          file_pos(), frame_end_ - pos_));
+      throw FrameDivergence(
+          fmt::format("pickle offset {}: a FRAME starts {} bytes before the previous frame ends; "
+                      "unpicklers disagree on what follows; refused",
+                      file_pos(), frame_end_ - pos_));
     }
     if (mode_ == FrameMode::kStraight || n <= frame_end_ - pos_) {
       if (n > remaining()) Take(n);  // the error

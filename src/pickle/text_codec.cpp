@@ -1,8 +1,8 @@
 #include "pickle/text_codec.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -115,16 +115,36 @@ bool DecodeQuotedString(std::string_view s, std::string& out) {
     if (++i >= s.size()) return false;
     char e = s[i];
     switch (e) {
-      case 'n': out.push_back('\n'); break;
-      case 't': out.push_back('\t'); break;
-      case 'r': out.push_back('\r'); break;
-      case 'a': out.push_back('\a'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'v': out.push_back('\v'); break;
-      case '\\': out.push_back('\\'); break;
-      case '\'': out.push_back('\''); break;
-      case '"': out.push_back('"'); break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 'a':
+        out.push_back('\a');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'v':
+        out.push_back('\v');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\'':
+        out.push_back('\'');
+        break;
+      case '"':
+        out.push_back('"');
+        break;
       case 'x': {
         if (i + 2 >= s.size()) return false;
         int hi = HexValue(s[i + 1]), lo = HexValue(s[i + 2]);
@@ -187,12 +207,16 @@ bool DecodeRawUnicodeEscape(std::string_view s, std::string& out) {
   return true;
 }
 
-std::string_view CString(std::string_view line) { return line.substr(0, line.find('\0')); }
+std::string_view CString(std::string_view line) {
+  return line.substr(0, line.find('\0'));
+}
 
 namespace {
 
 // Py_ISSPACE: the C locale's whitespace.
-bool PySpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool PySpace(char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 int DigitValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -216,8 +240,8 @@ std::string TwosComplement(std::vector<uint8_t> mag, bool negative) {
   return std::string(mag.begin(), mag.end());
 }
 
-constexpr size_t kMaxStrDigits = 4300;     // sys.int_info.default_max_str_digits
-constexpr size_t kMaxPow2Digits = 1 << 16; // ours: hex/octal/binary literals of 64K digits
+constexpr size_t kMaxStrDigits = 4300;      // sys.int_info.default_max_str_digits
+constexpr size_t kMaxPow2Digits = 1 << 16;  // ours: hex/octal/binary literals of 64K digits
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "base/names.h"
 #include "base/size_parse.h"
 #include "io/mapped_file.h"
 #include "ops/prune.h"
@@ -71,28 +72,8 @@ std::string JoinTexts(const std::vector<PolicyProblem>& problems) {
   return out;
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string Known(const std::vector<std::string>& names, std::string_view got) {
-  std::string best;
-  size_t best_d = 3;
-  for (const std::string& n : names) {
-    size_t d = EditDistance(got, n);
-    if (d < best_d) best_d = d, best = n;
-  }
+  std::string best = ClosestName(names, got);
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
   if (list.empty()) list = "none";
@@ -272,7 +253,7 @@ const std::vector<std::string> kTables = {"retention", "shrink", "convert", "exp
                                           "verify",    "strip",  "compress"};
 
 void ReadRetention(Reader& r, const toml::table& t, const toml::source_region& at, Policy& p) {
-  Section s(r, t, "retention", {"keep_last", "keep_every", "keep"});
+  Section s(r, t, "retention", {"keep_last", "keep_every", "keep", "delete"});
   s.CheckKeys();
   Retention x;
   if (!t.contains("keep_last")) {
@@ -282,6 +263,7 @@ void ReadRetention(Reader& r, const toml::table& t, const toml::source_region& a
   if (auto v = s.UInt("keep_last", 1)) x.keep_last = *v;
   if (auto v = s.UInt("keep_every", 0)) x.keep_every = *v;
   if (auto v = s.Globs("keep")) x.keep = *v;
+  if (auto v = s.Bool("delete")) x.delete_confirmed = *v;
   p.retention = x;
 }
 
@@ -296,10 +278,9 @@ void ReadShrink(Reader& r, const toml::table& t, Policy& p) {
 }
 
 void ReadConvert(Reader& r, const toml::table& t, const toml::source_region& at, Policy& p) {
-  Section s(
-      r, t, "convert",
-      {"dtype", "keep", "only", "keep_1d", "output", "training_files", "include_optimizer",
-       "lossy", "allow_unsafe_globals"});
+  Section s(r, t, "convert",
+            {"dtype", "keep", "only", "keep_1d", "output", "training_files", "include_optimizer",
+             "lossy", "allow_unsafe_globals"});
   s.CheckKeys();
   ConvertStep x;
   if (!t.contains("dtype")) r.Problem(at, "convert.dtype", "missing: \"bf16\" or \"fp16\"");

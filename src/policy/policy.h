@@ -11,6 +11,8 @@
 //   keep_last = 3               #   ones (>= 1), steps that are multiples of K, name globs;
 //   keep_every = 1000           #   the newest complete checkpoint and whatever latest / best /
 //   keep = ["*best*"]           #   a symlink points at are always kept
+//   delete = true               #   delete without --yes (watch runs unattended); without it
+//                               #   and without --yes, apply only says what it would delete
 //   [shrink]                    # a table present = the step is on
 //   patterns = ["*.pt"]         #   file-name globs (default: every torch file)
 //   materialize = false
@@ -71,6 +73,7 @@ struct Retention {
   uint64_t keep_last = 1;
   uint64_t keep_every = 0;
   std::vector<std::string> keep;
+  bool delete_confirmed = false;  // `delete = true`: apply and watch delete without --yes
 };
 
 struct ShrinkStep {

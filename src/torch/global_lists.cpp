@@ -342,7 +342,6 @@ std::string DisplayGlobal(std::string_view module, std::string_view name) {
   return fmt::format("{}.{}", q.module, q.name);
 }
 
-
 bool IsAllowedGlobal(std::string_view module, std::string_view name) {
   return Listed(Normalize(module, name), kAllowed);
 }

@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <fnmatch.h>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -87,7 +87,6 @@ AttributeRead AsAttributeRead(const pickle::Graph& g, const Uses& uses, pickle::
   return {target, attr};
 }
 
-
 bool IsEmptyTuple(const Graph& g, NodeId id) {
   return id != kNil && g.kind(id) == Kind::kTuple && g.items(id).empty();
 }
@@ -107,10 +106,10 @@ struct Analysis {
 
   const Graph& g;
   Uses uses;
-  std::vector<uint8_t> called;       // globals called
-  std::vector<uint8_t> rebuilt;      // classes instantiated without a call
-  std::vector<NodeId> first_call;    // the first call of each called global
-  std::vector<uint8_t> reads_only;   // getattr globals excused as attribute reads
+  std::vector<uint8_t> called;        // globals called
+  std::vector<uint8_t> rebuilt;       // classes instantiated without a call
+  std::vector<NodeId> first_call;     // the first call of each called global
+  std::vector<uint8_t> reads_only;    // getattr globals excused as attribute reads
   std::vector<NodeId> getattr_calls;  // every call of a getattr global, in node order
 
  private:
@@ -165,7 +164,7 @@ void Analysis::JudgeCall(NodeId obj, NodeId callable) {
       no_args ? Rebuild(callable) : Call(callable, obj);
       return;
     case Construct::kNewObjEx:
-      no_args && IsEmptyDict(g, c.kwargs) ? Rebuild(callable) : Call(callable, obj);
+      no_args&& IsEmptyDict(g, c.kwargs) ? Rebuild(callable) : Call(callable, obj);
       return;
     case Construct::kInst:
       Call(callable, obj);
@@ -304,8 +303,10 @@ PickleScan ScanPickle(const Graph& graph, const Trust& trust) {
     if (graph.kind(callable) != Kind::kGlobal) {
       NodeId maker = graph.CalledGlobal(callable);
       scan.findings.push_back(
-          {id, maker != kNil ? fmt::format("calls what {} returned", Display(graph, maker))
-                             : fmt::format("calls a computed {}", pickle::KindName(graph.kind(callable))),
+          {id,
+           maker != kNil
+               ? fmt::format("calls what {} returned", Display(graph, maker))
+               : fmt::format("calls a computed {}", pickle::KindName(graph.kind(callable))),
            ""});
     }
   }

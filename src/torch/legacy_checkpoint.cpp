@@ -40,9 +40,10 @@ Piece ParseAt(Bytes file, uint64_t offset, const char* what, const ReadOptions& 
     // torch.load reads the next pickle from where _pickle.c left the file: after the whole
     // FRAME when it read the frame with read(), after STOP when it peeked (small frames).
     if (r.frame_rest) {
-      Fail("the pickle's last FRAME runs {} bytes past its STOP: torch.load would start the "
-           "next pickle at a place that depends on its file buffer",
-           r.frame_rest);
+      Fail(
+          "the pickle's last FRAME runs {} bytes past its STOP: torch.load would start the "
+          "next pickle at a place that depends on its file buffer",
+          r.frame_rest);
     }
     return Piece{std::move(r.graph), offset, r.end, r.leftover, std::move(r.anomalies)};
   });
@@ -54,7 +55,8 @@ void CheckPlainPickle(const Piece& p, const char* what, Model& model) {
   for (const std::string& odd : p.anomalies) model.problems.push_back({what, odd});
   for (const UnsafeFinding& u : FindUnsafe(p.graph)) {
     model.problems.push_back(
-        {what, u.what + ", which can run code: torch.load unpickles it before it reads the object"});
+        {what,
+         u.what + ", which can run code: torch.load unpickles it before it reads the object"});
   }
 }
 
@@ -91,9 +93,10 @@ TorchFile ReadTorchLegacy(Bytes file, const ReadOptions& options) {
   if (!IsMagic(magic.graph)) {
     std::string effects = DescribeEffects(magic.graph);
     if (!effects.empty()) {
-      Fail("not a torch checkpoint: the first pickle is not torch's magic number; torch.load "
-           "unpickles it before checking, and it {}",
-           effects);
+      Fail(
+          "not a torch checkpoint: the first pickle is not torch's magic number; torch.load "
+          "unpickles it before checking, and it {}",
+          effects);
     }
     Fail("not a torch checkpoint: bad magic number");
   }

@@ -31,9 +31,9 @@ pickle::ParseResult ParseTorchPickle(Bytes data, uint64_t base_offset,
         pickle::ParsePartial(data, base_offset, limits, Reading{FrameMode::kBytesIO, true});
     pickle::PartialParse straight =
         pickle::ParsePartial(data, base_offset, limits, Reading{FrameMode::kStraight, true});
-    message += fmt::format(
-        ". Read as torch.load reads it, the pickle {}; read straight through, it {}",
-        Effects(as_torch), Effects(straight));
+    message +=
+        fmt::format(". Read as torch.load reads it, the pickle {}; read straight through, it {}",
+                    Effects(as_torch), Effects(straight));
   } else if (p.patched) {
     // What the patched objects lead to: read on with the patch applied.
     pickle::PartialParse patched =
@@ -41,8 +41,8 @@ pickle::ParseResult ParseTorchPickle(Bytes data, uint64_t base_offset,
     message += fmt::format(". With the patch applied, as torch.load would, the pickle {}",
                            Effects(patched));
   } else if (std::string before = DescribeEffects(p.result.graph); !before.empty()) {
-    message += fmt::format(". Before that point, torch.load would have run what the pickle {}",
-                           before);
+    message +=
+        fmt::format(". Before that point, torch.load would have run what the pickle {}", before);
   }
   throw Error(message);
 }

@@ -14,8 +14,12 @@ constexpr uint64_t kLocalFixed = 30;
 constexpr uint64_t kCentralFixed = 46;
 constexpr uint64_t kEndRecords = 56 + 20 + 22;  // zip64 end + locator + end
 
-bool SizeIsLarge(uint64_t size) { return size >= kMax32; }
-bool OffsetIsLarge(uint64_t offset) { return offset >= kMax32; }
+bool SizeIsLarge(uint64_t size) {
+  return size >= kMax32;
+}
+bool OffsetIsLarge(uint64_t offset) {
+  return offset >= kMax32;
+}
 
 // Local zip64 extra: header plus 16 bytes of sizes when the size is large and 8 bytes of
 // offset when the offset is (miniz's mz_zip_writer_create_zip64_extra_data).
@@ -26,7 +30,8 @@ uint64_t LocalZip64ExtraSize(uint64_t size, uint64_t offset) {
 
 std::string Zip64Extra(uint64_t size, uint64_t offset) {
   std::string e;
-  uint16_t len = static_cast<uint16_t>((SizeIsLarge(size) ? 16 : 0) + (OffsetIsLarge(offset) ? 8 : 0));
+  uint16_t len =
+      static_cast<uint16_t>((SizeIsLarge(size) ? 16 : 0) + (OffsetIsLarge(offset) ? 8 : 0));
   if (len == 0) return e;
   AppendLE<uint16_t>(e, 0x0001);
   AppendLE<uint16_t>(e, len);
@@ -39,7 +44,8 @@ std::string Zip64Extra(uint64_t size, uint64_t offset) {
 }
 
 uint64_t Padding(uint64_t header_offset, uint64_t name_size, uint64_t size, uint64_t alignment) {
-  uint64_t start = header_offset + kLocalFixed + name_size + 4 + LocalZip64ExtraSize(size, header_offset);
+  uint64_t start =
+      header_offset + kLocalFixed + name_size + 4 + LocalZip64ExtraSize(size, header_offset);
   return (alignment - start % alignment) % alignment;
 }
 
@@ -59,7 +65,8 @@ ZipPlan ZipPlan::Layout(const std::vector<RecordSpec>& records, uint64_t alignme
     pr.size = r.size;
     pr.header_offset = cursor;
     pr.zip64 = SizeIsLarge(r.size) || OffsetIsLarge(cursor);
-    uint64_t extra = LocalZip64ExtraSize(r.size, cursor) + 4 + Padding(cursor, r.name.size(), r.size, alignment);
+    uint64_t extra =
+        LocalZip64ExtraSize(r.size, cursor) + 4 + Padding(cursor, r.name.size(), r.size, alignment);
     pr.data_offset = cursor + kLocalFixed + r.name.size() + extra;
     pr.descriptor_offset = pr.data_offset + r.size;
     pr.descriptor_size = pr.zip64 ? 24 : 16;
@@ -114,7 +121,8 @@ std::string ZipPlan::Descriptor(size_t i, uint32_t crc) const {
 }
 
 std::string ZipPlan::DirectoryAndEnd(const std::vector<uint32_t>& crcs) const {
-  if (crcs.size() != records_.size()) Fail("internal: {} CRCs for {} records", crcs.size(), records_.size());
+  if (crcs.size() != records_.size())
+    Fail("internal: {} CRCs for {} records", crcs.size(), records_.size());
   std::string d;
   for (size_t i = 0; i < records_.size(); ++i) {
     const PlacedRecord& r = records_[i];

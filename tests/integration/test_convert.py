@@ -212,7 +212,10 @@ class ConvertTest(CkptTestCase):
         r = run("convert", "--dtype", "bf16", p, expect=1)
         self.assertIn("--output-dir", r.stderr)
         r = run("convert", "--dtype", "bf16", p, "-o", p, expect=1)
-        self.assertIn("never overwrites", r.stderr)
+        self.assertIn("--force", r.stderr)
+        r = run("convert", "--dtype", "bf16", p, "-o", p, "--force", expect=1)
+        self.assertIn("never overwrites its input", r.stderr)
+        self.assertNotIn("Done", r.stdout)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class CrashSafetyTest(CkptTestCase):
                 # Truncated under a read of its records (they are read with pread): one error
                 # naming the file, nothing declared OK.
                 self.assertEqual(p.returncode, 1, what)
-                self.assertIn("1 problem(s) in 1 of 1 file(s)", err, what)
+                self.assertIn("1 problem in 1 of 1 checkpoint", err, what)
                 outcome = "truncated while read"
             elif err and set(err.splitlines(keepends=True)) == {sigbus}:
                 # Truncated under the mapping: the SIGBUS handler says so, and nothing was
@@ -124,7 +124,7 @@ class CrashSafetyTest(CkptTestCase):
                 self.assertEqual(p.returncode, 1, what)
                 self.assertEqual(
                     out, f"{victim}: not a zip file: no end-of-central-directory record\n", what)
-                self.assertIn("1 problem(s) in 1 of 1 file(s)", err, what)
+                self.assertIn("1 problem in 1 of 1 checkpoint", err, what)
                 outcome = "truncated before read"
             outcomes.append(outcome)
             return outcome

@@ -13,6 +13,7 @@ LeakSanitizer's count)."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -223,7 +224,10 @@ class MpiTest(unittest.TestCase):
         out = {}
         for name in os.listdir(logs):
             with open(os.path.join(logs, name)) as f:
-                out[name] = [os.path.realpath(l) for l in f.read().splitlines()]
+                # A folder written whole goes into place by one rename after its files are
+                # committed inside a temp folder whose name holds the pid: named alike here.
+                out[name] = [re.sub(r"\.[^/]*\.ckptool-tmp-\d+-\d+", "<temp>", os.path.realpath(l))
+                             for l in f.read().splitlines()]
         return out
 
     def assertSameRun(self, single_dir, mpi_dir, args, rc, spread=True):
@@ -252,7 +256,8 @@ class MpiTest(unittest.TestCase):
     def test_shrink_text_and_json_with_broken_files(self):
         a, b = self.copy("a"), self.copy("b")
         s, _ = self.assertSameRun(a, b, ["shrink", "-d", *self.files()], rc=1)
-        self.assertIn("Done. Before", s.stdout)
+        self.assertNotIn("Done", s.stdout)  # a failed command prints no success line
+        self.assertIn("failed", s.stderr.splitlines()[-1])
         self.assertEqual(len([l for l in s.stderr.splitlines() if "cut.pt" in l]), 1)
         self.assertTrue(any("notes.pt" in l for l in error_lines(s.stderr)))
         a, b = self.copy("a2"), self.copy("b2")
@@ -307,14 +312,25 @@ class MpiTest(unittest.TestCase):
         self.assertSameRun(a, b, args, rc=0)
         shards = [f for f in os.listdir(os.path.join(b, "st")) if f.endswith(".safetensors")]
         self.assertGreaterEqual(len(shards), 6)
-        # A shard that cannot be written (its name is taken by a folder) on whichever rank
-        # owns it: no index, exit 1 everywhere, the same error as a single process.
+        # A shard that cannot be written on whichever rank owns it: nothing goes into place (no
+        # shard, no index), exit 1 everywhere, the same error as a single process.
         for d in (a, b):
             shutil.rmtree(os.path.join(d, "st"))
-            os.makedirs(os.path.join(d, "st", sorted(shards)[3]))
-        s, m = self.assertSameRun(a, b, args, rc=1)
-        self.assertNotIn("model.safetensors.index.json", os.listdir(os.path.join(b, "st")))
+        os.environ["CKPTOOL_TEST_FAIL_WRITE"] = sorted(shards)[3]
+        try:
+            s, m = self.assertSameRun(a, b, args, rc=1)
+        finally:
+            del os.environ["CKPTOOL_TEST_FAIL_WRITE"]
+        self.assertFalse(os.path.exists(os.path.join(b, "st")))
         self.assertEqual(len(error_lines(m.stderr)), 1, m.stderr)
+        self.assertIn("CKPTOOL_TEST_FAIL_WRITE", m.stderr)
+        # A name of the set taken by a folder: refused before anything is written, and the
+        # folder is left as it was.
+        for d in (a, b):
+            os.makedirs(os.path.join(d, "st", sorted(shards)[3]))
+        s, m = self.assertSameRun(a, b, args + ["--force"], rc=1, spread=False)
+        self.assertIn("not a file a model export wrote", s.stderr)
+        self.assertEqual(os.listdir(os.path.join(b, "st")), [sorted(shards)[3]])
 
     def test_root_only_commands_and_inspect(self):
         a, b = self.copy("a"), self.copy("b")

@@ -33,7 +33,7 @@ delete_files = true
 def apply(root, *args, expect=0, env=None):
     """Runs `ckptool apply ROOT --json --settle 0 ...`; returns (events, summary)."""
     settle = [] if "--settle" in args else ["--settle", "0"]
-    cmd = [CKPTOOL, "apply", root, "--json", *settle, "-j", "2", *args]
+    cmd = [CKPTOOL, "apply", root, "--json", "--yes", *settle, "-j", "2", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if expect is not None and p.returncode != expect:
         raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}, expected {expect}\n"
@@ -284,7 +284,7 @@ class KillTestBase:
             root = self.path(f"kill{k}")
             pf.copy_tree(self.base, root)
             env = dict(os.environ, CKPTOOL_TEST_KILL_AT_SAVE=str(k))
-            p = subprocess.run([CKPTOOL, "apply", root, *SETTLE, "-j", "2"], env=env,
+            p = subprocess.run([CKPTOOL, "apply", root, "--yes", *SETTLE, "-j", "2"], env=env,
                                capture_output=True, text=True, timeout=300)
             self.assertIn(p.returncode, (0, -signal.SIGKILL), p.stderr)
             self.assertSameEnd(root, f"killed before ledger write {k}")
@@ -296,7 +296,7 @@ class KillTestBase:
         for i, fraction in enumerate(self.moments):
             root = self.path(f"timed{i}")
             pf.copy_tree(self.base, root)
-            p = subprocess.Popen([CKPTOOL, "apply", root, *SETTLE, "-j", "2"],
+            p = subprocess.Popen([CKPTOOL, "apply", root, "--yes", *SETTLE, "-j", "2"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(self.duration * fraction)
             p.send_signal(signal.SIGKILL)
@@ -306,7 +306,7 @@ class KillTestBase:
     def test_sigterm_finishes_the_step_and_resumes(self):
         root = self.path("term")
         pf.copy_tree(self.base, root)
-        p = subprocess.Popen([CKPTOOL, "apply", root, *SETTLE, "--json"],
+        p = subprocess.Popen([CKPTOOL, "apply", root, "--yes", *SETTLE, "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # SIGTERM once the pass is under way (its first action reported): a signal that came
         # before the handlers are installed (a slow start under the sanitizers) would test
@@ -710,3 +710,32 @@ class PolicyFileTest(PolicyTestCase):
             fcntl.flock(lock, fcntl.LOCK_EX)
             p = run("apply", root, "--settle", "0", expect=1)
             self.assertIn("another ckptool apply or watch (pid 4242) is working on this folder", p.stderr)
+
+
+class DeletionNeedsConsentTest(PolicyTestCase):
+    """Retention deletes only with --yes, or `delete = true` in [retention]; otherwise apply
+    keeps the checkpoints and says what it would delete (as prune does without --yes)."""
+
+    def test_no_deletion_without_yes(self):
+        root = self.path("hf")
+        os.makedirs(root)
+        for s in (100, 200, 300):
+            pf.hf_checkpoint(root, s)
+        self.write_policy(root, "[retention]\nkeep_last = 1\n")
+        p = run("apply", root, "--settle", "0")
+        self.assertEqual(sorted(os.listdir(root)),
+                         [".ckptool", "checkpoint-100", "checkpoint-200", "checkpoint-300", "ckptool.toml"])
+        self.assertIn("2 checkpoints retention would delete, kept: deleting needs --yes", p.stdout)
+        events, _ = apply(root)  # --yes
+        self.assertEqual(sorted(e["checkpoint"] for e in events if e["event"] == "delete"),
+                         ["checkpoint-100", "checkpoint-200"])
+        self.assertNotIn("checkpoint-200", os.listdir(root))
+
+    def test_the_policy_can_say_so(self):
+        root = self.path("hf")
+        os.makedirs(root)
+        for s in (100, 200):
+            pf.hf_checkpoint(root, s)
+        self.write_policy(root, "[retention]\nkeep_last = 1\ndelete = true\n")
+        run("apply", root, "--settle", "0")
+        self.assertNotIn("checkpoint-100", os.listdir(root))

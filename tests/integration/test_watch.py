@@ -35,7 +35,7 @@ class Watch:
     """ckptool watch as a child process; its JSON lines collected by a thread."""
 
     def __init__(self, root, *args):
-        self.p = subprocess.Popen([CKPTOOL, "watch", root, "--json", "-j", "1", *args],
+        self.p = subprocess.Popen([CKPTOOL, "watch", root, "--json", "--yes", "-j", "1", *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events = []
         self.lock = threading.Lock()

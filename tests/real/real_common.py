@@ -240,7 +240,7 @@ def write_policy(root, text):
 
 def apply(root, *args, expect=0):
     """`ckptool apply ROOT --json --settle 0`: (events, exit code). Each event is one JSON line."""
-    p = run("apply", root, "--json", "--settle", "0", *args, expect=expect)
+    p = run("apply", root, "--json", "--yes", "--settle", "0", *args, expect=expect)
     events = [json.loads(line) for line in p.stdout.splitlines() if line.strip().startswith("{")]
     return events, p
 

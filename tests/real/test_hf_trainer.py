@@ -4,6 +4,7 @@ optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin, trainer_state.json
 save_pretrained, and a pytorch_model.bin. Every command that applies is run; from_pretrained
 loads what export and convert write, and Trainer(resume_from_checkpoint=...) from a processed
 checkpoint must give the losses and weights of a resume from the original, bit for bit."""
+import json
 import os
 import shutil
 import sys
@@ -242,8 +243,18 @@ class HFTrainerTest(TempDirTest):
         want, _ = model_weights(self.ck6)
         for k, t in want.items():
             self.assertEqual(raw(got[k].to(torch.bfloat16)), raw(t.to(torch.bfloat16)), k)
-        for name in ("config.json", "generation_config.json", "trainer_state.json"):
+        for name in ("generation_config.json", "trainer_state.json"):
             self.assertEqual(sha256(os.path.join(out, name)), sha256(os.path.join(self.ck6, name)), name)
+        # config.json says what the weights now are; nothing else in it changes.
+        with open(os.path.join(self.ck6, "config.json")) as f:
+            before = json.load(f)
+        with open(os.path.join(out, "config.json")) as f:
+            after = json.load(f)
+        self.assertEqual(after.pop("dtype"), "bfloat16")
+        before.pop("dtype")
+        self.assertEqual(after, before)
+        from transformers import AutoConfig
+        self.assertEqual(AutoConfig.from_pretrained(out).dtype, torch.bfloat16)
 
     def test_convert_checkpoint_keeps_optimizer_state(self):
         """convert of a Trainer checkpoint keeps optimizer/scheduler/RNG state as they were (AdamW's

@@ -322,20 +322,33 @@ std::map<std::string, std::string> Verdicts(const std::string& pickle, const Tru
 TEST(CallAllowlist, CallsOfUnlistedNamesAreFindings) {
   // REDUCE of a name on no list: "calls X", whatever it is (print is harmless; the frame
   // exploits hide exactly such calls).
-  std::string call = "\x80\x02" "cbuiltins\nprint\nX\x02\x00\x00\x00hi\x85R."s;
+  std::string call =
+      "\x80\x02"
+      "cbuiltins\nprint\nX\x02\x00\x00\x00hi\x85R."s;
   EXPECT_EQ(Findings(call), std::vector<std::string>{"calls builtins.print"});
   EXPECT_EQ(Verdicts(call)["builtins.print"], "calls");
   // INST and OBJ call what they name; NEWOBJ with arguments calls its __new__.
-  EXPECT_EQ(Findings("(X\x01\x00\x00\x00" "aipkg\nmake\n."s), std::vector<std::string>{"calls pkg.make"});
-  EXPECT_EQ(Findings("\x80\x02" "cpkg\nC\nK\x01\x85\x81."s), std::vector<std::string>{"calls pkg.C"});
+  EXPECT_EQ(Findings("(X\x01\x00\x00\x00"
+                     "aipkg\nmake\n."s),
+            std::vector<std::string>{"calls pkg.make"});
+  EXPECT_EQ(Findings("\x80\x02"
+                     "cpkg\nC\nK\x01\x85\x81."s),
+            std::vector<std::string>{"calls pkg.C"});
   // The sub-interpreters that run source text are on the deny list.
-  EXPECT_EQ(Verdicts("\x80\x02" "c_xxsubinterpreters\ncreate\n)R."s)["_xxsubinterpreters.create"], "unsafe");
-  EXPECT_EQ(Verdicts("\x80\x02" "c_interpreters\nrun_string\n."s)["_interpreters.run_string"], "unsafe");
+  EXPECT_EQ(Verdicts("\x80\x02"
+                     "c_xxsubinterpreters\ncreate\n)R."s)["_xxsubinterpreters.create"],
+            "unsafe");
+  EXPECT_EQ(Verdicts("\x80\x02"
+                     "c_interpreters\nrun_string\n."s)["_interpreters.run_string"],
+            "unsafe");
 }
 
 TEST(CallAllowlist, ReconstructionWithoutArgumentsIsANote) {
   // A dataclass: GLOBAL, EMPTY_TUPLE, NEWOBJ, BUILD with its fields.
-  std::string dc = "\x80\x02" "cpkg\nConfig\n)\x81}X\x01\x00\x00\x00" "aK\x01sb."s;
+  std::string dc =
+      "\x80\x02"
+      "cpkg\nConfig\n)\x81}X\x01\x00\x00\x00"
+      "aK\x01sb."s;
   EXPECT_TRUE(Findings(dc).empty());
   EXPECT_EQ(Verdicts(dc)["pkg.Config"], "reconstructed");
   // Protocol 0/1: copyreg._reconstructor(cls, object, None).
@@ -347,29 +360,41 @@ TEST(CallAllowlist, ReconstructionWithoutArgumentsIsANote) {
   std::string p1b = "ccopy_reg\n_reconstructor\n(cpkg\nC\ncpkg\nBase\nNtR."s;
   EXPECT_EQ(Findings(p1b), std::vector<std::string>{"calls pkg.Base"});
   // A name only stored is a reference.
-  EXPECT_EQ(Verdicts("\x80\x02" "cpkg\nthing\n\x85."s)["pkg.thing"], "referenced");
+  EXPECT_EQ(Verdicts("\x80\x02"
+                     "cpkg\nthing\n\x85."s)["pkg.thing"],
+            "referenced");
 }
 
 TEST(CallAllowlist, AllowedConstructorsThatCallTheirArguments) {
   // torch._tensor._rebuild_from_type_v2(func, new_type, args, state) calls func.
-  std::string s = "\x80\x02" "ctorch._tensor\n_rebuild_from_type_v2\n(cpkg\nevil\nctorch\nTensor\n)"
-                  "}tR."s;
+  std::string s =
+      "\x80\x02"
+      "ctorch._tensor\n_rebuild_from_type_v2\n(cpkg\nevil\nctorch\nTensor\n)"
+      "}tR."s;
   EXPECT_EQ(Findings(s), std::vector<std::string>{"calls pkg.evil"});
   // map(f, xs) calls f when iterated (by list(), say).
-  std::string m = "\x80\x02" "cbuiltins\nlist\ncbuiltins\nmap\ncpkg\nf\n]\x86R\x85R."s;
+  std::string m =
+      "\x80\x02"
+      "cbuiltins\nlist\ncbuiltins\nmap\ncpkg\nf\n]\x86R\x85R."s;
   EXPECT_EQ(Findings(m), std::vector<std::string>{"calls pkg.f"});
   // Data constructors of the real stacks are allowed.
-  for (const char* g : {"collections\ndefaultdict\n", "datetime\ndatetime\n", "pathlib\nPosixPath\n",
-                        "argparse\nNamespace\n", "numpy.core.multiarray\n_reconstruct\n",
-                        "transformers.trainer_utils\nIntervalStrategy\n",
-                        "torch._dynamo.decorators\n_DimRange\n"}) {
-    std::string call = "\x80\x02" "c"s + g + ")R.";
+  for (const char* g :
+       {"collections\ndefaultdict\n", "datetime\ndatetime\n", "pathlib\nPosixPath\n",
+        "argparse\nNamespace\n", "numpy.core.multiarray\n_reconstruct\n",
+        "transformers.trainer_utils\nIntervalStrategy\n",
+        "torch._dynamo.decorators\n_DimRange\n"}) {
+    std::string call =
+        "\x80\x02"
+        "c"s +
+        g + ")R.";
     EXPECT_TRUE(Findings(call).empty()) << g;
   }
 }
 
 TEST(CallAllowlist, TrustAcceptsAModuleButNeverTheDenyList) {
-  std::string call = "\x80\x02" "cmyproj.models\nConfig\nK\x01\x85R."s;
+  std::string call =
+      "\x80\x02"
+      "cmyproj.models\nConfig\nK\x01\x85R."s;
   EXPECT_FALSE(Findings(call).empty());
   pickle::Graph g = pickle::Parse(test::B(call)).graph;
   for (const char* p : {"myproj", "myproj.*", "myproj.models.Config", "myproj.models.*"}) {
@@ -378,12 +403,16 @@ TEST(CallAllowlist, TrustAcceptsAModuleButNeverTheDenyList) {
   }
   EXPECT_FALSE(FindUnsafe(g, Trust{{"myproject"}}).empty());
   EXPECT_FALSE(FindUnsafe(g, Trust{{"other.*"}}).empty());
-  pickle::Graph os = pickle::Parse(test::B("\x80\x02" "cos\nsystem\nX\x01\x00\x00\x00x\x85R."s)).graph;
+  pickle::Graph os = pickle::Parse(test::B("\x80\x02"
+                                           "cos\nsystem\nX\x01\x00\x00\x00x\x85R."s))
+                         .graph;
   EXPECT_FALSE(FindUnsafe(os, Trust{{"os"}}).empty());
 }
 
 TEST(CallAllowlist, DescribeEffectsListsWhatRunsInOrder) {
-  std::string s = "\x80\x02" "cbuiltins\nprint\nX\x02\x00\x00\x00hi\x85R0cposix\nsystem\n."s;
+  std::string s =
+      "\x80\x02"
+      "cbuiltins\nprint\nX\x02\x00\x00\x00hi\x85R0cposix\nsystem\n."s;
   EXPECT_EQ(DescribeEffects(pickle::Parse(test::B(s)).graph),
             "imports builtins.print, calls builtins.print (UNSAFE: not on the allowlist), imports "
             "posix.system (UNSAFE)");

@@ -121,9 +121,9 @@ TEST(PickleParity, ProtocolZeroTextFollowsCPython) {
     Graph g = Parse(B(s)).graph;
     return g.kind(g.root) == Kind::kInt ? g.at(g.root).integer : -999;
   };
-  EXPECT_EQ(root_int("I1_000\n."), 1000);  // strtol stops at '_': PyLong_FromString reads it
-  EXPECT_EQ(root_int("L0x10L\n."), 16);    // base 0
-  EXPECT_EQ(root_int("I 7 \n."), 7);        // strtol fails on the trailing space: int() takes it
+  EXPECT_EQ(root_int("I1_000\n."), 1000);     // strtol stops at '_': PyLong_FromString reads it
+  EXPECT_EQ(root_int("L0x10L\n."), 16);       // base 0
+  EXPECT_EQ(root_int("I 7 \n."), 7);          // strtol fails on the trailing space: int() takes it
   EXPECT_THROW(Parse(B("L010L\n.")), Error);  // no leading zeros in Python
   EXPECT_THROW(Parse(B("L5LL\n.")), Error);   // one 'L' is dropped, not two
   // Memo keys: PyLong_FromString(base 10) with whitespace and underscores; GET of a negative
@@ -164,10 +164,10 @@ TEST(PickleParity, TextDecodingFollowsCPython) {
 }
 
 TEST(PickleParity, UnhashableKeysFailAsInCPython) {
-  EXPECT_THROW(Parse(B("\x80\x02}q\x00h\x00Ns."s)), Error);         // a dict keyed by itself
-  EXPECT_THROW(Parse(B("\x80\x04\x8f\x94(h\x00\x90."s)), Error);    // a set holding itself
-  EXPECT_THROW(Parse(B("\x80\x02}]\x85Ns."s)), Error);               // a tuple holding a list
-  EXPECT_NO_THROW(Parse(B("\x80\x02}K\x01K\x02\x86Ns."s)));          // a tuple of ints is fine
+  EXPECT_THROW(Parse(B("\x80\x02}q\x00h\x00Ns."s)), Error);       // a dict keyed by itself
+  EXPECT_THROW(Parse(B("\x80\x04\x8f\x94(h\x00\x90."s)), Error);  // a set holding itself
+  EXPECT_THROW(Parse(B("\x80\x02}]\x85Ns."s)), Error);            // a tuple holding a list
+  EXPECT_NO_THROW(Parse(B("\x80\x02}K\x01K\x02\x86Ns."s)));       // a tuple of ints is fine
 }
 
 TEST(PickleParity, EmptyExtendsAndNoneBuildsAreNoOps) {
@@ -175,7 +175,9 @@ TEST(PickleParity, EmptyExtendsAndNoneBuildsAreNoOps) {
   // with None changes nothing on a value without __setstate__.
   EXPECT_NO_THROW(Parse(B("cos\nsystem\n(e.")));
   EXPECT_NO_THROW(Parse(B("\x80\x02K\x01Nb.")));
-  EXPECT_THROW(Parse(B("cos\nsystem\n(K\x01" "e."s)), Error);  // modifying an import: refused
+  EXPECT_THROW(Parse(B("cos\nsystem\n(K\x01"
+                       "e."s)),
+               Error);  // modifying an import: refused
 }
 
 TEST(PickleParity, AnomaliesNoPicklerWrites) {
@@ -184,8 +186,15 @@ TEST(PickleParity, AnomaliesNoPicklerWrites) {
   ASSERT_EQ(p.result.anomalies.size(), 1u);
   EXPECT_NE(p.result.anomalies[0].find("a PROTO opcode after the first"), std::string::npos);
   // A list holding itself once is ordinary data; again and again, an expansion attack.
-  EXPECT_TRUE(Read("\x80\x02]\x94h\x00" "a."s, FrameMode::kStrict).result.anomalies.empty());
-  EXPECT_EQ(Read("\x80\x02]\x94h\x00" "ah\x00" "a."s, FrameMode::kStrict).result.anomalies.size(),
+  EXPECT_TRUE(Read("\x80\x02]\x94h\x00"
+                   "a."s,
+                   FrameMode::kStrict)
+                  .result.anomalies.empty());
+  EXPECT_EQ(Read("\x80\x02]\x94h\x00"
+                 "ah\x00"
+                 "a."s,
+                 FrameMode::kStrict)
+                .result.anomalies.size(),
             1u);
 }
 
@@ -196,12 +205,13 @@ TEST(PickleParity, APatchIsAppliedToSeeWhereItLeads) {
     return "\x8c"s + static_cast<char>(text.size()) + text;
   };
   std::string s = "\x80\x04"s + u("torch._utils") + "\x94" + u("_rebuild_tensor") + "\x94" +
-                  u("torch") + u("_utils") + "\x93\x94" +       // memo 2: the module torch._utils
-                  "}h\x01" + u("builtins") + "sb0" +             // BUILD: _rebuild_tensor = 'builtins'
-                  "h\x00h\x01\x93"s +                           // STACK_GLOBAL: 'builtins'
-                  "h\x02}h\x01" + u("eval") + "sb0" +            // BUILD: _rebuild_tensor = 'eval'
-                  "h\x00h\x01\x93\x93"s +                       // 'eval'; STACK_GLOBAL(builtins, eval)
-                  "X\x04\x00\x00\x00" "code\x85R.";
+                  u("torch") + u("_utils") + "\x93\x94" +  // memo 2: the module torch._utils
+                  "}h\x01" + u("builtins") + "sb0" +       // BUILD: _rebuild_tensor = 'builtins'
+                  "h\x00h\x01\x93"s +                      // STACK_GLOBAL: 'builtins'
+                  "h\x02}h\x01" + u("eval") + "sb0" +      // BUILD: _rebuild_tensor = 'eval'
+                  "h\x00h\x01\x93\x93"s +                  // 'eval'; STACK_GLOBAL(builtins, eval)
+                  "X\x04\x00\x00\x00"
+                  "code\x85R.";
   PartialParse refused = Read(s, FrameMode::kStrict);
   EXPECT_TRUE(refused.patched);
   PartialParse applied = ParsePartial(B(s), 0, {}, Reading{FrameMode::kStrict, true});

@@ -143,14 +143,15 @@ TEST(PolicyParse, UnknownKeysAndTablesNameFileLineAndKey) {
   ExpectProblem("[shrnk]\n",
                 "team/ckptool.toml:1:2: shrnk: unknown table (did you mean 'shrink'? known: "
                 "retention, shrink, convert, export, verify, strip, compress)");
-  ExpectProblem("keep_last = 3\n",
-                "team/ckptool.toml:1:1: keep_last: unknown key (known: version, layout, "
-                "settle_seconds, trust, retention, shrink, convert, export, verify, strip, compress)");
+  ExpectProblem(
+      "keep_last = 3\n",
+      "team/ckptool.toml:1:1: keep_last: unknown key (known: version, layout, "
+      "settle_seconds, trust, retention, shrink, convert, export, verify, strip, compress)");
   ExpectProblem("[verify]\nstrict = true\n",
                 "team/ckptool.toml:2:1: verify.strict: unknown key (known: none)");
   ExpectProblem("[retention]\nkeep_last = 2\n[retention.more]\nx = 1\n",
                 "team/ckptool.toml:3:12: retention.more: unknown key (known: keep_last, "
-                "keep_every, keep)");
+                "keep_every, keep, delete)");
 }
 
 TEST(PolicyParse, BadValuesNameFileLineAndKey) {

@@ -13,7 +13,9 @@ TEST(ParseSize, DecimalAndBinaryUnits) {
   EXPECT_EQ(ParseSize("500MiB"), 500u << 20);
   EXPECT_EQ(ParseSize("1.5KiB"), 1536u);
   EXPECT_EQ(ParseSize("100KB"), 100000u);
-  EXPECT_EQ(ParseSize("1024"), 1024u);
+  EXPECT_EQ(ParseSize("1024B"), 1024u);
+  EXPECT_THROW(ParseSize("1024"), Error);  // a unit is required
+  EXPECT_THROW(ParseSize("5"), Error);
   EXPECT_EQ(ParseSize("2TiB"), 2ull << 40);
 }
 

@@ -58,7 +58,9 @@ int RunApply(const ApplyCliOptions& o) {
   ao.settle_seconds = SettleSeconds(o.p, *p);
   ao.stop = &graceful.stop();
   bool json = o.p.json;
-  ao.log = [json](const ApplyEvent& e) { PrintEvent(e, json, false); };
+  ao.log = [json, quiet = o.p.quiet](const ApplyEvent& e) {
+    if (!quiet || e.kind == "failed") PrintEvent(e, json, false);
+  };
   Applier applier(o.p.root, *p, ao);
   PassResult r = applier.RunPass();
   std::string verb = o.dry_run ? "would free" : "freed";
@@ -68,10 +70,13 @@ int RunApply(const ApplyCliOptions& o) {
                                 {"failed", r.failures},         {"waiting", r.waiting},
                                 {"bytes_freed", r.bytes_freed}, {"stopped", r.stopped}};
     std::cout << j.dump() << std::endl;
-  } else {
+  } else if (!o.p.quiet || r.failures) {
     std::cout << fmt::format(
-        "{}{} steps {}, {} checkpoints {}, {} waiting, {} failed; {} {}{}\n",
-        o.dry_run ? "Dry run: " : "Done: ", r.steps_run, o.dry_run ? "planned" : "run", r.deleted,
+        "{}{} {}, {} {}, {} waiting, {} failed; {} {}{}\n",
+        o.dry_run    ? "Dry run: "
+        : r.failures ? "Finished with failures: "
+                     : "Done: ",
+        Count(r.steps_run, "step"), o.dry_run ? "planned" : "run", Count(r.deleted, "checkpoint"),
         o.dry_run ? "to delete" : "deleted", r.waiting, r.failures, verb, HumanBytes(r.bytes_freed),
         r.stopped ? " (stopped by a signal before the end: run again to finish)" : "");
     if (r.not_confirmed) {

@@ -31,6 +31,7 @@ struct CompressCliOptions {
   bool to_stdout = false;
   bool force = false;
   bool remove_input = false;
+  bool dry_run = false;
   unsigned threads = DefaultThreads();
   std::string level = "fast";
   bool json = false;
@@ -118,7 +119,7 @@ int CheckCommon(const std::vector<std::string>& paths, const std::string& output
 
 int RunCompress(const CompressCliOptions& o) {
   if (int rc = CheckCommon(o.paths, o.output, o.to_stdout, o.remove_input)) return rc;
-  if (o.to_stdout && ::isatty(STDOUT_FILENO)) {
+  if (o.to_stdout && !o.dry_run && ::isatty(STDOUT_FILENO)) {
     PrintError("stdout is a terminal: not writing an archive to it (redirect it, or drop -c)");
     return 1;
   }
@@ -129,6 +130,7 @@ int RunCompress(const CompressCliOptions& o) {
   co.to_stdout = o.to_stdout;
   co.force = o.force;
   co.remove_input = o.remove_input;
+  co.dry_run = o.dry_run;
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const std::string& p : o.paths) {
@@ -161,11 +163,12 @@ int RunCompress(const CompressCliOptions& o) {
     } else if (!o.quiet) {
       if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,
-          fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}", r.input, HumanBytes(r.before),
+          fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}{}", r.input, HumanBytes(r.before),
                       HumanBytes(r.after),
                       r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
                       Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
-                      r.removed ? " (original removed)" : ""));
+                      r.removed ? " (original removed)" : "",
+                      o.dry_run ? " (dry run: nothing written)" : ""));
     }
   };
   auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
@@ -189,6 +192,7 @@ struct DecompressCliOptions {
   bool to_stdout = false;
   bool force = false;
   bool remove_input = false;
+  bool dry_run = false;
   unsigned threads = DefaultThreads();
   bool json = false;
   bool quiet = false;
@@ -202,6 +206,7 @@ int RunDecompress(const DecompressCliOptions& o) {
   d.to_stdout = o.to_stdout;
   d.force = o.force;
   d.remove_input = o.remove_input;
+  d.dry_run = o.dry_run;
   std::vector<uint64_t> sizes;
   for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
   Spread spread(o.paths, sizes);
@@ -230,9 +235,10 @@ int RunDecompress(const DecompressCliOptions& o) {
     } else if (!o.quiet) {
       if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,
-          fmt::format("{}: {} -> {}, {} files{}{}", r.input, HumanBytes(r.archive_bytes),
-                      HumanBytes(r.restored_bytes), r.files, o.to_stdout ? "" : " " + r.output,
-                      r.removed ? " (archive removed)" : ""));
+          fmt::format("{}: {} -> {}, {}{}{}{}", r.input, HumanBytes(r.archive_bytes),
+                      HumanBytes(r.restored_bytes), Count(r.files, "file"),
+                      o.to_stdout ? "" : " " + r.output, r.removed ? " (archive removed)" : "",
+                      o.dry_run ? " (dry run: every chunk checked, nothing written)" : ""));
     }
   };
   auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
@@ -247,12 +253,14 @@ int RunDecompress(const DecompressCliOptions& o) {
 }
 
 void AddOutputFlags(CLI::App& app, std::string* output, bool* to_stdout, bool* force,
-                    bool* remove_input, unsigned* threads, bool* json, bool* quiet) {
+                    bool* remove_input, bool* dry_run, unsigned* threads, bool* json, bool* quiet) {
   app.add_option("-o,--output", *output, "Output path (one input only)");
   app.add_flag("-c,--stdout", *to_stdout, "Write to stdout (one input only)");
   app.add_flag("-f,--force", *force, "Replace an existing output");
   app.add_flag("--rm", *remove_input,
                "Remove the input once the output is written, fsynced and verified");
+  app.add_flag("--dry-run", *dry_run,
+               "Do all the work (code or check every chunk) and report sizes; write nothing");
   app.add_option("-j,--threads", *threads, "Threads")->capture_default_str();
   app.add_flag("--json", *json, "Print a JSON report");
   app.add_flag("-q,--quiet", *quiet, "Print only errors");
@@ -263,8 +271,8 @@ void AddOutputFlags(CLI::App& app, std::string* output, bool* to_stdout, bool* f
 Runner AddCompress(CLI::App& app) {
   auto o = std::make_shared<CompressCliOptions>();
   app.add_option("paths", o->paths, "Files or folders; each becomes PATH.ckz")->required();
-  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->threads, &o->json,
-                 &o->quiet);
+  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->dry_run,
+                 &o->threads, &o->json, &o->quiet);
   app.add_option("--level", o->level,
                  "fast: Huffman-coded planes (GB/s); max: also LZ on every plane and plain "
                  "zstd -19 on every chunk, the smallest kept (slow)")
@@ -276,8 +284,8 @@ Runner AddCompress(CLI::App& app) {
 Runner AddDecompress(CLI::App& app) {
   auto o = std::make_shared<DecompressCliOptions>();
   app.add_option("archives", o->paths, ".ckz archives; X.ckz becomes X")->required();
-  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->threads, &o->json,
-                 &o->quiet);
+  AddOutputFlags(app, &o->output, &o->to_stdout, &o->force, &o->remove_input, &o->dry_run,
+                 &o->threads, &o->json, &o->quiet);
   return [o] { return RunDecompress(*o); };
 }
 

@@ -34,6 +34,7 @@ struct ConvertCliOptions {
   bool lossy = false;
   bool force = false;
   bool quiet = false;
+  bool dry_run = false;
   unsigned threads = DefaultThreads();
   bool json = false;
   bool allow_unsafe_globals = false;
@@ -54,6 +55,7 @@ int RunConvert(ConvertCliOptions o) {
   co.keep_1d = o.keep_1d;
   co.include_optimizer = o.include_optimizer;
   co.lossy = o.lossy;
+  co.dry_run = o.dry_run;
   co.allow_unsafe_globals = o.allow_unsafe_globals;
   co.trust.patterns = o.trust;
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype, o.force);
@@ -71,7 +73,7 @@ int RunConvert(ConvertCliOptions o) {
       dirs.insert(std::filesystem::path(j.output).parent_path().string());
   }
   for (const std::string& d : dirs) {
-    if (!d.empty()) std::filesystem::create_directories(d);
+    if (!d.empty() && !o.dry_run) std::filesystem::create_directories(d);
   }
   std::vector<std::string> inputs;
   for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
@@ -114,23 +116,27 @@ int RunConvert(ConvertCliOptions o) {
                               {"lost_precision", r.lost_precision},
                               {"warnings", r.warnings}});
     } else if (!o.quiet) {
-      std::cout << Printable(fmt::format("{} -> {}: {} -> {} ({} converted, {} float32 kept)",
-                                         r.path, r.output, HumanBytes(r.before),
-                                         HumanBytes(r.after), Count(r.converted, "tensor"),
-                                         r.kept_float32))
+      std::cout << Printable(fmt::format(
+                       "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
+                       HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
+                       o.dry_run ? "would be converted" : "converted", r.kept_float32))
                 << "\n";
       if (r.kept_training && !o.include_optimizer) {
         std::cout << fmt::format(
-            "  kept as they are: {} tensors of training state (optimizer, scheduler, RNG; "
+            "  kept as they are: {} of training state (optimizer, scheduler, RNG; "
             "--include-optimizer converts them)\n",
-            r.kept_training);
+            Count(r.kept_training, "tensor"));
       }
       for (const std::string& k : r.kept) std::cout << "  kept float32: " << Printable(k) << "\n";
       for (const std::string& l : r.lost_precision)
         std::cout << "  lost precision: " << Printable(l) << "\n";
     }
   }
+  if (o.dry_run) {
+    tree.indexes.clear();  // nothing is copied or rewritten; the summary counts the copies
+  }
   for (const PathPair& j : tree.copies) {
+    if (o.dry_run) break;
     try {
       CopyFile(j, o.dtype);
     } catch (const Error& e) {
@@ -159,11 +165,14 @@ int RunConvert(ConvertCliOptions o) {
                                tree.checkpoints.size());
   } else if (!o.quiet) {
     std::cout << fmt::format(
-        "Done. {} converted: {} -> {}{}\n", Count(tree.checkpoints.size(), "file"),
+        "{} {} {}: {} -> {}{}{}\n", o.dry_run ? "Dry run:" : "Done.",
+        Count(tree.checkpoints.size(), "file"), o.dry_run ? "would be converted" : "converted",
         HumanBytes(before), HumanBytes(after),
         tree.copies.empty()
             ? ""
-            : fmt::format(" ({} copied as they are)", Count(tree.copies.size(), "other file")));
+            : fmt::format(" ({} {} unchanged)", Count(tree.copies.size(), "other file"),
+                          o.dry_run ? "would be copied" : "copied"),
+        o.dry_run ? " (nothing written)" : "");
   }
   return rc;
 }
@@ -186,6 +195,7 @@ Runner AddConvert(CLI::App& app) {
                "Convert training state too (optimizer moments, schedulers; never counters "
                "that would change, never DeepSpeed's fp32 master weights)");
   app.add_flag("-f,--force", o->force, "Write over existing outputs");
+  app.add_flag("--dry-run", o->dry_run, "Measure and report what would be written; write nothing");
   app.add_flag("-q,--quiet", o->quiet, "Print only errors and warnings");
   app.add_flag("--lossy", o->lossy,
                "Also convert tensors whose values would change beyond rounding (overflow to "

@@ -12,6 +12,7 @@
 #include "base/utf8.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
+#include "cli/output_place.h"
 #include "cluster/steps.h"
 #include "cluster/world.h"
 #include "io/parallel.h"
@@ -117,30 +118,16 @@ int RunExport(const ExportCliOptions& o) {
   if (shared) eo.team = &team.team;
   // The new files go into place as a whole, replacing a previous export's (output_set.h). In
   // an MPI job rank 0 makes the place and every rank writes its shards there.
-  std::optional<OutputPlace> place;
+  std::optional<SharedPlace> made;
   std::string write_to = o.to;
   if (o.dry_run) {
     OutputPlace::Check(o.to, o.force);
-  } else if (!shared) {
-    place.emplace(o.to, o.force);
-    write_to = place->write_to();
   } else {
-    std::string error;
-    if (cluster::IsRoot()) {
-      try {
-        place.emplace(o.to, o.force);
-        write_to = place->write_to();
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    }
-    std::string decided = cluster::BroadcastFromRoot(error.empty() ? "+" + write_to : "-" + error);
-    if (decided[0] == '-') {
-      if (!cluster::IsRoot()) return 1;
-      throw Error(decided.substr(1));
-    }
-    write_to = decided.substr(1);
+    made = MakeSharedPlace(o.to, o.force, OutputPlace::Kind::kModelSet, shared);
+    if (!made) return 1;  // rank 0 reports why
+    write_to = made->write_to;
   }
+  OutputPlace* place = made && made->place ? &*made->place : nullptr;
   ExportResult r;
   try {
     r = Export(o.sources, write_to, eo);
@@ -172,7 +159,7 @@ int RunExport(const ExportCliOptions& o) {
     return 0;
   }
   std::cout << fmt::format(
-      "Exported {} tensors ({}) from {}{} into:\n", r.tensors, HumanBytes(r.bytes),
+      "Exported {} ({}) from {}{} into:\n", Count(r.tensors, "tensor"), HumanBytes(r.bytes),
       r.selected.empty() ? "the whole object"
       : r.selected.starts_with("DeepSpeed") || r.selected.starts_with("torch.")
           ? r.selected

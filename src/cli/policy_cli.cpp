@@ -47,6 +47,7 @@ void AddPolicyFlags(CLI::App& app, PolicyCliOptions* o) {
                  "(default: the policy's settle_seconds, else 30)")
       ->check(CLI::Range(0.0, 86400.0 * 365));
   app.add_flag("--json", o->json, "One JSON object per line for each action");
+  app.add_flag("-q,--quiet", o->quiet, "Print only failures");
   app.add_flag("--yes", o->yes,
                "Let retention delete checkpoints (or set delete = true in [retention])");
   app.add_flag("--retry-failed", o->retry_failed,

@@ -20,7 +20,8 @@ struct PolicyCliOptions {
   std::optional<double> settle;
   bool json = false;
   bool retry_failed = false;
-  bool yes = false;  // retention may delete
+  bool yes = false;    // retention may delete
+  bool quiet = false;  // only failures (and, for apply, nothing else)
   unsigned threads = 1;
 };
 void AddPolicyFlags(CLI::App& app, PolicyCliOptions* o);

@@ -19,6 +19,8 @@ struct PruneCliOptions {
   std::string root;
   PruneOptions p;
   bool json = false;
+  bool quiet = false;
+  bool dry_run = false;  // the default; said explicitly
 };
 
 int RunPrune(PruneCliOptions o) {
@@ -43,6 +45,7 @@ int RunPrune(PruneCliOptions o) {
     PrintJson(j);
     return 0;
   }
+  if (o.quiet) return 0;
   for (const std::string& n : r.notes) std::cout << "note: " << Printable(n) << "\n";
   std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}\n", "step", "checkpoint", "size", "decision");
   for (const PruneEntry& e : r.entries) {
@@ -69,8 +72,11 @@ Runner AddPrune(CLI::App& app) {
   app.add_option("--keep", o->p.keep, "Names (globs) always kept");
   app.add_option("--strip-older", o->p.strip_older,
                  "Keep the newest M whole; strip optimizer state from older kept checkpoints");
-  app.add_flag("--yes", o->p.yes, "Really delete (without it: a dry run)");
+  CLI::Option* yes = app.add_flag("--yes", o->p.yes, "Really delete (without it: a dry run)");
+  app.add_flag("--dry-run", o->dry_run, "Only say what would be deleted (the default)")
+      ->excludes(yes);
   app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_flag("-q,--quiet", o->quiet, "Print only errors");
   app.add_option("-j,--threads", o->p.threads, "Threads for --strip-older")
       ->default_val(DefaultThreads());
   return [o] { return RunPrune(*o); };

@@ -1,9 +1,11 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "base/error.h"
@@ -11,9 +13,11 @@
 #include "base/utf8.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
+#include "cli/output_place.h"
 #include "cli/progress.h"
 #include "dcp/dcp_checkpoint.h"
 #include "io/parallel.h"
+#include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
 #include "ops/dcp_strip.h"
 #include "ops/result_json.h"
@@ -30,6 +34,8 @@ struct StripCliOptions {
   std::vector<std::string> keep;
   bool dry_run = false;
   bool delete_files = false;
+  bool force = false;
+  bool quiet = false;
   bool json = false;
   unsigned threads = DefaultThreads();
   bool allow_unsafe_globals = false;
@@ -43,10 +49,16 @@ int RunStrip(StripCliOptions o) {
     PrintError("give checkpoint files or folders to strip");
     return 2;
   }
-  if (!o.output.empty() && (o.paths.size() != 1 || (std::filesystem::is_directory(o.paths[0]) &&
-                                                    !dcp::LooksLikeDcpCheckpoint(o.paths[0])))) {
-    PrintError(
-        "-o names one output: give exactly one input file or torch.distributed.checkpoint folder");
+  if (!o.output.empty() && o.paths.size() != 1) {
+    PrintError("-o names one output: give exactly one input (a file or a folder)");
+    return 2;
+  }
+  // A folder (not a torch.distributed.checkpoint one, which strips as a whole) with -o: a
+  // stripped copy of it, training-only files left out.
+  const bool folder_copy = !o.output.empty() && std::filesystem::is_directory(o.paths[0]) &&
+                           !dcp::LooksLikeDcpCheckpoint(o.paths[0]);
+  if (folder_copy && o.delete_files) {
+    PrintError("--delete-files deletes in place; a copy (-o) leaves training-only files out");
     return 2;
   }
   StripOptions so;
@@ -59,6 +71,28 @@ int RunStrip(StripCliOptions o) {
   StripTargets targets = CollectStripTargets(o.paths);
   std::vector<std::string>& files = targets.files;
   const std::vector<std::string>& training_files = targets.training_files;
+  // The output goes into place whole: a file by its atomic writer, a folder (the copy, or a
+  // torch.distributed.checkpoint folder's) through a temp folder; never over an existing one
+  // without --force.
+  const bool folder_output = folder_copy || (!o.output.empty() && !targets.dcp_folders.empty());
+  std::optional<SharedPlace> place;
+  if (!o.output.empty() && o.dry_run) {
+    OutputPlace::Check(o.output, o.force, OutputPlace::Kind::kFolder);
+  } else if (folder_output) {
+    place = MakeSharedPlace(o.output, o.force, OutputPlace::Kind::kFolder, true);
+    if (!place) return 1;  // rank 0 reports why
+    so.output = place->write_to;
+  } else if (!o.output.empty() && !o.force && std::filesystem::exists(o.output)) {
+    PrintError(fmt::format("{}: exists; --force replaces it", o.output));
+    return 1;
+  }
+  const std::string source_root = folder_copy ? o.paths[0] : "";
+  auto output_of = [&](const std::string& input) {
+    if (!folder_copy) return so.output;
+    return (std::filesystem::path(so.output) /
+            std::filesystem::path(input).lexically_relative(source_root))
+        .string();
+  };
   // torch.distributed.checkpoint folders after the files: one at a time, each with every
   // thread.
   const size_t plain_files = files.size();
@@ -69,10 +103,26 @@ int RunStrip(StripCliOptions o) {
   dso.threads = o.threads;
   std::vector<StripResult> results(files.size());
   std::vector<std::string> errors = batch.Run<StripResult>(results, [&](size_t i) {
-    return i < plain_files ? StripFile(files[i], so) : StripDcp(files[i], dso);
+    StripOptions mine = i < plain_files ? so : dso;
+    if (!o.output.empty() && !o.dry_run) mine.output = output_of(files[i]);
+    return i < plain_files ? StripFile(files[i], mine) : StripDcp(files[i], mine);
   });
   if (!batch.reports()) return 0;  // rank 0 reports for every rank
   int rc = 0;
+  size_t copied = 0;
+  const bool all_ok =
+      std::all_of(errors.begin(), errors.end(), [](const std::string& e) { return e.empty(); });
+  if (place && place->place && all_ok) {
+    if (folder_copy) copied = CopyRestOfFolder(source_root, so.output, files, training_files);
+    place->place->Commit({});
+    for (size_t i = 0; i < results.size(); ++i) {
+      results[i].output = folder_copy
+                              ? (std::filesystem::path(o.output) /
+                                 std::filesystem::path(files[i]).lexically_relative(source_root))
+                                    .string()
+                              : o.output;
+    }
+  }
   uint64_t before = 0, after = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   for (size_t i = 0; i < files.size(); ++i) {
@@ -86,7 +136,7 @@ int RunStrip(StripCliOptions o) {
     nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
     for (const DroppedEntry& d : r.dropped) {
       dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
-      if (!o.json)
+      if (!o.json && !o.quiet)
         std::cout << Printable(fmt::format("{}: {} {} ({})", r.path,
                                            r.rewritten ? "dropped" : "would drop", d.path,
                                            HumanBytes(d.bytes)))
@@ -100,13 +150,14 @@ int RunStrip(StripCliOptions o) {
                               {"dropped", dropped},
                               {"rewritten", r.rewritten},
                               {"note", r.note}});
-    } else {
+    } else if (!o.quiet) {
       std::string why = r.dropped.empty() ? " (nothing to drop)"
                         : !r.note.empty() ? " (" + r.note + ")"
                         : o.dry_run       ? " (dry run)"
                                           : "";
-      std::cout << Printable(fmt::format("{}: {} -> {}{}", r.path, HumanBytes(r.before),
-                                         HumanBytes(r.after), why))
+      std::string where = r.output != r.path ? " in " + r.output : "";
+      std::cout << Printable(fmt::format("{}: {} -> {}{}{}", r.path, HumanBytes(r.before),
+                                         HumanBytes(r.after), where, why))
                 << "\n";
     }
   }
@@ -116,7 +167,10 @@ int RunStrip(StripCliOptions o) {
     uint64_t size = std::filesystem::file_size(t, ec);
     nlohmann::ordered_json row = {{"path", t}, {"bytes", size}, {"deleted", false}};
     std::string state = "kept; --delete-files removes it";
-    if (o.delete_files && !o.dry_run) {
+    if (folder_copy) {
+      state = o.dry_run ? "would be left out of the copy" : "left out of the copy";
+    } else if (o.delete_files && !o.dry_run) {
+      NoteChanging();
       if (std::filesystem::remove(t, ec)) {
         row["deleted"] = true;
         state = "deleted";
@@ -133,7 +187,7 @@ int RunStrip(StripCliOptions o) {
       state = "dry run; --delete-files would remove it";
     }
     tfiles.push_back(row);
-    if (!o.json)
+    if (!o.json && !o.quiet)
       std::cout << Printable(
                        fmt::format("{}: training-only file, {} ({})", t, HumanBytes(size), state))
                 << "\n";
@@ -142,7 +196,21 @@ int RunStrip(StripCliOptions o) {
     doc["training_only_files"] = tfiles;
     doc["before"] = before;
     doc["after"] = after;
+    if (folder_copy) doc["copied_files"] = copied;
     PrintJson(doc);
+  } else if (folder_copy && rc == 0 && !o.quiet) {
+    std::string what =
+        o.dry_run ? fmt::format(
+                        "Would write {}: {} stripped, {} left out, the rest copied "
+                        "unchanged (dry run: nothing written)",
+                        o.output, Count(files.size(), "file"),
+                        Count(training_files.size(), "training-only file"))
+                  : fmt::format("Wrote {}: {} stripped, {} copied unchanged, {} left out", o.output,
+                                Count(files.size(), "file"), Count(copied, "other file"),
+                                Count(training_files.size(), "training-only file"));
+    std::cout << Printable(what) << "\n";
+  } else if (folder_copy && rc != 0) {
+    PrintError(fmt::format("{}: not written (nothing of the copy is left)", o.output));
   }
   return rc;
 }
@@ -152,13 +220,17 @@ int RunStrip(StripCliOptions o) {
 Runner AddStrip(CLI::App& app) {
   auto o = std::make_shared<StripCliOptions>();
   app.add_option("paths", o->paths, "Checkpoint files or folders");
-  app.add_option("-o,--output", o->output, "Write here instead of replacing the file");
+  app.add_option("-o,--output", o->output,
+                 "Write here instead of in place: a file, or for a folder a stripped copy of it "
+                 "(training-only files left out)");
   app.add_option("--drop", o->drop,
                  "Key-path globs to remove (default: optimizer, scheduler, scaler and RNG state)");
   app.add_option("--keep", o->keep, "Key-path globs never removed");
   app.add_flag("--dry-run", o->dry_run, "Show what would go; write nothing");
   app.add_flag("--delete-files", o->delete_files,
                "In folders, delete training-only files (optimizer.pt, *optim_states.pt...)");
+  app.add_flag("-f,--force", o->force, "Replace an existing output");
+  app.add_flag("-q,--quiet", o->quiet, "Print only errors");
   AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
   return [o] { return RunStrip(*o); };
 }

@@ -154,7 +154,9 @@ int RunWatch(const WatchCliOptions& o) {
   ao.observe = true;
   ao.stop = &graceful.stop();
   bool json = o.p.json;
-  ao.log = [json](const ApplyEvent& e) { PrintEvent(e, json, true); };
+  ao.log = [json, quiet = o.p.quiet](const ApplyEvent& e) {
+    if (!quiet || e.kind == "failed") PrintEvent(e, json, true);
+  };
   Applier applier(o.p.root, *p, ao);
   Watcher watcher(o.p.root, !o.no_inotify);
   {

@@ -75,6 +75,12 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   AtomicOutput out;
   out.final_path_ = ReplacedFile(path, &out.replaces_);
   const std::string& final_path = out.final_path_;
+  // Every command creates the folders an output needs, as `mkdir -p` would.
+  if (std::string dir = DirOf(final_path); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) FailErrno(path, fmt::format("cannot create the folder {}", dir), ec.value());
+  }
   RemoveStaleTempFiles(final_path);  // first: a killed run's temp file may hold the space
   uint64_t free_bytes = FreeSpaceFor(final_path);
   if (free_bytes < size) {

@@ -41,7 +41,8 @@ void CopyFolderAtomically(const std::string& src, const std::string& dest) {
   }
   fs::path target = fs::absolute(dest).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
-  TempFolder tmp{TempPathFor(target.string())};
+  TempFolder tmp;
+  tmp.path = TempPathFor(target.string());
   CopyInto(src, tmp.path);
   if (fs::exists(target, ec)) fs::remove(target, ec);  // an empty folder
   fs::rename(tmp.path, target);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 namespace ckpt {
 
@@ -13,6 +14,21 @@ void SyncFolder(const std::string& path) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
+}
+
+TempFolder::TempFolder(TempFolder&& other) noexcept
+    : path(std::move(other.path)), keep(other.keep) {
+  other.path.clear();
+}
+
+TempFolder& TempFolder::operator=(TempFolder&& other) noexcept {
+  if (this != &other) {
+    TempFolder gone(std::move(*this));  // removes what this held
+    path = std::move(other.path);
+    keep = other.keep;
+    other.path.clear();
+  }
+  return *this;
 }
 
 TempFolder::~TempFolder() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace ckpt {
 
@@ -14,6 +15,11 @@ void SyncFolder(const std::string& path);
 struct TempFolder {
   std::string path;
   bool keep = false;
+
+  TempFolder() = default;
+  explicit TempFolder(std::string p) : path(std::move(p)) {}
+  TempFolder(TempFolder&& other) noexcept;  // the folder goes with it
+  TempFolder& operator=(TempFolder&& other) noexcept;
   ~TempFolder();
 };
 

@@ -28,6 +28,7 @@ struct Slot {
 constinit std::array<Slot, kSlots> g_slots{};
 std::atomic<bool> g_installed{false};
 std::atomic<unsigned> g_counter{0};
+std::atomic<bool> g_wrote{false};  // an output was started: something may have changed
 
 void RemoveAll() {
   for (Slot& s : g_slots) {
@@ -38,10 +39,12 @@ void RemoveAll() {
 void OnSignal(int sig) {
   RemoveAll();
   // One line, then die of the signal (the shell reports 128 + its number: 130 for Ctrl-C).
-  static const char kMessage[] =
+  static const char kWrote[] =
       "ckptool: interrupted: the outputs being written were removed; what was replaced before "
       "stays replaced, nothing is half written\n";
-  ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+  static const char kNothing[] = "ckptool: interrupted: nothing was changed\n";
+  ssize_t ignored = g_wrote.load() ? ::write(STDERR_FILENO, kWrote, sizeof kWrote - 1)
+                                   : ::write(STDERR_FILENO, kNothing, sizeof kNothing - 1);
   (void)ignored;
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -77,14 +80,24 @@ void InstallInterruptHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the caller ignores stays ignored (nohup, a background job of a script).
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
   struct sigaction bus {};
   bus.sa_handler = OnBusError;
   sigemptyset(&bus.sa_mask);
   ::sigaction(SIGBUS, &bus, nullptr);
 }
 
+void NoteChanging() {
+  g_wrote.store(true);
+}
+
 int RegisterTempFile(const std::string& path) {
+  g_wrote.store(true);
   if (path.size() >= kPathMax) return -1;
   for (size_t i = 0; i < kSlots; ++i) {
     int expected = kFree;

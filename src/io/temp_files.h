@@ -17,6 +17,9 @@ bool IsTempFileName(std::string_view name);
 // Installs the handlers once; later calls do nothing. SIGBUS (a mapped input truncated by
 // another process) also removes temp files and exits with a clear message.
 void InstallInterruptHandlers();
+// Something is about to change in place (a deletion): an interrupt no longer says "nothing was
+// changed". Every temp file registered counts as such a change too.
+void NoteChanging();
 
 // Returns a slot id, or -1 when all slots are in use (the file is then not auto-removed).
 int RegisterTempFile(const std::string& path);

@@ -200,10 +200,11 @@ StepOutcome RunShrink(const StepContext& c) {
     if (r.rewritten || (c.dry_run && r.after < r.before)) ++rewritten;
   }
   o.message = files.empty() ? "no torch files to shrink"
-              : rewritten   ? fmt::format("{} of {} files {}: {} -> {}", rewritten, files.size(),
-                                        c.dry_run ? "would be rewritten" : "rewritten",
-                                          HumanBytes(o.before), HumanBytes(o.after))
-                            : fmt::format("{} files, nothing to drop", files.size());
+              : rewritten
+                  ? fmt::format("{} of {} {}: {} -> {}", rewritten, Count(files.size(), "file"),
+                                c.dry_run ? "would be rewritten" : "rewritten",
+                                HumanBytes(o.before), HumanBytes(o.after))
+                  : fmt::format("{}, nothing to drop", Count(files.size(), "file"));
   return o;
 }
 
@@ -313,8 +314,8 @@ StepOutcome RunConvert(const StepContext& c) {
     if (c.dry_run) {
       for (const std::string& f : files) o.before += FileSize(f);
       o.after = o.before;
-      o.message = fmt::format("would convert float32 tensors of {} files to {} in place",
-                              files.size(), s.dtype_name);
+      o.message = fmt::format("would convert float32 tensors of {} to {} in place",
+                              Count(files.size(), "file"), s.dtype_name);
       return o;
     }
     std::vector<ConvertResult> results(files.size());
@@ -330,8 +331,9 @@ StepOutcome RunConvert(const StepContext& c) {
       converted += r.converted;
       for (const std::string& w : r.warnings) o.warnings.push_back(r.path + ": " + w);
     }
-    o.message = fmt::format("{} tensors to {} in place in {} files: {} -> {}", converted,
-                            s.dtype_name, files.size(), HumanBytes(o.before), HumanBytes(o.after));
+    o.message =
+        fmt::format("{} to {} in place in {}: {} -> {}", Count(converted, "tensor"), s.dtype_name,
+                    Count(files.size(), "file"), HumanBytes(o.before), HumanBytes(o.after));
     return o;
   }
   std::string out_rel = ConvertOutput(c.p, c.e);
@@ -348,8 +350,8 @@ StepOutcome RunConvert(const StepContext& c) {
   if (tree.checkpoints.empty()) Fail("no checkpoint files to convert at its top level");
   o.outputs.push_back(out_rel);
   if (c.dry_run) {
-    o.message = fmt::format("would write a {} copy of {} files to {}", s.dtype_name,
-                            tree.checkpoints.size() + tree.copies.size(), out_rel);
+    o.message = fmt::format("would write a {} copy of {} to {}", s.dtype_name,
+                            Count(tree.checkpoints.size() + tree.copies.size(), "file"), out_rel);
     return o;
   }
   fs::create_directories(out_dir);
@@ -377,9 +379,9 @@ StepOutcome RunConvert(const StepContext& c) {
     RewriteIndex(j, storage_bytes);
     o.written += FileSize(j.output);
   }
-  o.message = fmt::format("{} copy in {}: {} files ({} tensors converted, {} other files), {}",
-                          s.dtype_name, out_rel, results.size(), converted, tree.copies.size(),
-                          HumanBytes(o.written));
+  o.message = fmt::format("{} copy in {}: {} ({} converted, {}), {}", s.dtype_name, out_rel,
+                          Count(results.size(), "file"), Count(converted, "tensor"),
+                          Count(tree.copies.size(), "other file"), HumanBytes(o.written));
   return o;
 }
 
@@ -436,8 +438,9 @@ StepOutcome RunExport(const StepContext& c) {
   r.files = place.Commit(r.files);
   for (const std::string& f : r.files) o.written += FileSize(f);
   o.warnings = r.warnings;
-  o.message = fmt::format("{} tensors ({}) to {}{}", r.tensors, HumanBytes(r.bytes), out_rel,
-                          r.aliases ? fmt::format(", {} tied names as aliases", r.aliases) : "");
+  o.message =
+      fmt::format("{} ({}) to {}{}", Count(r.tensors, "tensor"), HumanBytes(r.bytes), out_rel,
+                  r.aliases ? fmt::format(", {} tied names as aliases", r.aliases) : "");
   return o;
 }
 
@@ -446,7 +449,7 @@ StepOutcome RunVerify(const StepContext& c) {
   std::vector<std::string> dcp;
   std::vector<std::string> files = CheckpointFiles(c, &dcp);
   if (c.dry_run) {
-    o.message = fmt::format("would verify {} files{}", files.size(),
+    o.message = fmt::format("would verify {}{}", Count(files.size(), "file"),
                             dcp.empty() ? "" : fmt::format(" and {} DCP folders", dcp.size()));
     return o;
   }
@@ -489,7 +492,7 @@ StepOutcome RunVerify(const StepContext& c) {
     for (size_t i = 0; i < std::min<size_t>(found.size(), 5); ++i) list += "; " + found[i];
     Fail("{} problem(s){}{}", found.size(), list, found.size() > 5 ? "; ..." : "");
   }
-  o.message = fmt::format("{} files{} OK", files.size(),
+  o.message = fmt::format("{}{} OK", Count(files.size(), "file"),
                           dcp.empty() ? "" : fmt::format(" and {} DCP folders", dcp.size()));
   return o;
 }
@@ -546,14 +549,14 @@ StepOutcome RunCompress(const StepContext& c) {
     o.after = o.before;
     o.written = r.after;
     o.outputs.push_back(rel);
-    o.message = fmt::format("{} files ({}) into {} ({}, {}), the original kept", r.files,
+    o.message = fmt::format("{} ({}) into {} ({}, {}), the original kept", Count(r.files, "file"),
                             HumanBytes(r.before), rel, HumanBytes(r.after), ratio);
     return o;
   }
   TrashEntry(c.root, c.e.name);
   o.after = r.after;
   o.became = rel;
-  o.message = fmt::format("{} files ({}) into {} ({}, {}); the original removed", r.files,
+  o.message = fmt::format("{} ({}) into {} ({}, {}); the original removed", Count(r.files, "file"),
                           HumanBytes(r.before), rel, HumanBytes(r.after), ratio);
   return o;
 }

@@ -95,6 +95,12 @@ class FileSink : public Sink {
   AtomicOutput& out_;
 };
 
+// Nowhere: a dry run only counts the bytes.
+class NullSink : public Sink {
+ public:
+  void Write(uint64_t, Bytes) override {}
+};
+
 // Sequential writes to a descriptor (stdout); offsets only checked.
 class StreamSink : public Sink {
  public:
@@ -294,7 +300,7 @@ IndexStats StatsOf(const Index& index) {
 }
 
 void CheckOutputFree(const std::string& out, bool force) {
-  if (!force && PathExists(out)) Fail("{}: already exists; -f replaces it", out);
+  if (!force && PathExists(out)) Fail("{}: exists; --force replaces it", out);
 }
 
 }  // namespace
@@ -404,7 +410,9 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
   bound += ZSTD_compressBound(index_guess.size() + index.chunks.size() * 17 * 5);
   std::optional<AtomicOutput> out;
   std::unique_ptr<Sink> sink;
-  if (o.to_stdout) {
+  if (o.dry_run) {
+    sink = std::make_unique<NullSink>();
+  } else if (o.to_stdout) {
     sink = std::make_unique<StreamSink>(STDOUT_FILENO, "stdout");
   } else {
     out.emplace(AtomicOutput::Create(r.output, bound));
@@ -473,6 +481,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
   IndexStats s = StatsOf(index);
   for (int t = 0; t < ckz::kTransforms; ++t) r.by_transform[t] = s.transforms[t];
   r.whole_chunks = s.fallback_chunks;
+  if (o.dry_run) return r;
 
   // 6. Commit: cut to size, fsync, (read back with --rm), inputs unchanged, rename.
   if (out) {
@@ -632,7 +641,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
   fs::path dest_path = fs::absolute(dest).lexically_normal();
   if (dest_path.filename().empty()) dest_path = dest_path.parent_path();
   bool replacing = PathExists(dest_path.string());
-  if (replacing && !force) Fail("{}: already exists; -f replaces it", dest);
+  if (replacing && !force) Fail("{}: exists; --force replaces it", dest);
   if (!a.map().path().empty() && a.map().stamp().ChangedOnDisk())
     Fail("{}: the archive changed on disk", a.name());
   TempFolder tmp{TempPathFor(dest_path.string())};
@@ -762,6 +771,12 @@ DecompressResult DecompressArchive(const std::string& path, const DecompressOpti
   }
   r.output = o.output.empty() ? DefaultRestoredName(path) : StripSlashes(o.output);
   if (r.output.empty()) Fail("{}: the name does not end in .ckz; give the output with -o", path);
+  if (o.dry_run) {
+    CheckOutputFree(r.output, o.force);
+    ArchiveVerifyResult v = VerifyArchive(a, o.threads);
+    if (!v.problems.empty()) Fail("{}: {}", path, v.problems[0].what);
+    return r;
+  }
   if (index.kind == ckz::ArchiveKind::kFile) {
     RestoreFile(a, o, r.output, o.force);
   } else {

@@ -32,10 +32,11 @@ namespace ckpt {
 struct CompressOptions {
   ckz::Level level = ckz::Level::kFast;
   unsigned threads = 1;
-  std::string output;                           // -o; default PATH.ckz
-  bool to_stdout = false;                       // -c
-  bool force = false;                           // -f: replace an existing output
-  bool remove_input = false;                    // --rm
+  std::string output;         // -o; default PATH.ckz
+  bool to_stdout = false;     // -c
+  bool force = false;         // -f: replace an existing output
+  bool remove_input = false;  // --rm
+  bool dry_run = false;       // code everything, write nothing: `after` is the archive's exact size
   std::atomic<uint64_t>* bytes_done = nullptr;  // progress: input bytes coded
 };
 
@@ -66,6 +67,7 @@ struct DecompressOptions {
   bool to_stdout = false;
   bool force = false;
   bool remove_input = false;
+  bool dry_run = false;  // decode and check every chunk, write nothing
   std::atomic<uint64_t>* bytes_done = nullptr;
 };
 

@@ -172,12 +172,16 @@ ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const C
     any = true;
   }
   if (!any && !plan.changes) {
-    CopyFileAtomically(f.map, output);
+    if (!o.dry_run) CopyFileAtomically(f.map, output);
     for (const PlannedStorage& s : rp.storages) r.storage_bytes += s.size();
     r.after = r.before;
     return r;
   }
   TorchRewrite rewrite(f, std::move(plan.rewrite));
+  if (o.dry_run) {
+    r.after = rewrite.output_size();
+    return r;
+  }
   WriteProgress progress;
   progress.bytes_done = o.bytes_done;
   rewrite.Write(output, o.threads, progress);
@@ -252,6 +256,10 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
   std::vector<safetensors::OutTensor> outs;
   for (const TensorConversion& p : plan) outs.push_back(p.out);
   safetensors::Layout layout = safetensors::LayOut(outs, st.metadata);
+  if (o.dry_run) {
+    r.after = layout.total_size;
+    return r;
+  }
   PerfTimer timer("write");
   AtomicOutput out = AtomicOutput::Create(output, layout.total_size);
   out.RequireUnchanged(f.map);

@@ -32,6 +32,7 @@ struct ConvertOptions {
   bool keep_1d = false;            // 1-D tensors (norms, biases) stay float32
   bool include_optimizer = false;  // convert training state too (never fp32 master weights)
   bool lossy = false;              // convert tensors whose values conversion would change, too
+  bool dry_run = false;            // measure and plan; write nothing (`after` is exact)
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
   torch::Trust trust;  // modules whose calls are accepted (--trust)

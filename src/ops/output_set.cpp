@@ -58,9 +58,9 @@ std::string Shown(std::string to) {
 
 }  // namespace
 
-void OutputPlace::Check(const std::string& to, bool force) {
+void OutputPlace::Check(const std::string& to, bool force, Kind kind) {
   std::error_code ec;
-  if (IsFileOutput(to)) {
+  if (kind == Kind::kModelSet && IsFileOutput(to)) {
     if (fs::exists(fs::symlink_status(to, ec)) && !force)
       Fail("{}: exists; --force replaces it", to);
     return;
@@ -68,13 +68,18 @@ void OutputPlace::Check(const std::string& to, bool force) {
   fs::path dest = FolderOf(to);
   if (fs::exists(dest, ec) && !fs::is_directory(dest, ec))
     Fail("{}: exists and is not a folder", to);
+  if (kind == Kind::kFolder) {
+    if (fs::exists(dest, ec) && !force) Fail("{}: exists; --force replaces it", to);
+    return;
+  }
   if (fs::is_directory(dest, ec) && HoldsModelSet(dest, Shown(to)) && !force)
     Fail("{}: holds a model already; --force replaces it (the files beside it stay)", to);
 }
 
-OutputPlace::OutputPlace(const std::string& to, bool force) : to_(to), shown_(Shown(to)) {
-  Check(to, force);
-  folder_ = !IsFileOutput(to);
+OutputPlace::OutputPlace(const std::string& to, bool force, Kind kind)
+    : to_(to), shown_(Shown(to)), kind_(kind) {
+  Check(to, force, kind);
+  folder_ = kind == Kind::kFolder || !IsFileOutput(to);
   if (!folder_) {
     write_to_ = to;  // a single file is replaced atomically by its writer
     return;
@@ -105,6 +110,7 @@ std::vector<std::string> OutputPlace::Commit(const std::vector<std::string>& wri
     // Everything the destination holds besides its model set comes along (hard links; a copy
     // where the file system has none).
     for (const auto& e : fs::directory_iterator(dest)) {
+      if (kind_ == Kind::kFolder) break;
       std::string name = e.path().filename().string();
       if (IsModelSetFile(name) || IsTempFileName(name)) continue;
       fs::path into = fs::path(temp_.path) / name;

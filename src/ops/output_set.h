@@ -3,7 +3,8 @@
 // The new set is written into a temp folder beside the destination, the files the destination
 // holds besides the previous set (config.json, a tokenizer...) are linked in, and the two
 // folders are swapped with one rename: a reader sees the old set or the new one, never a mix,
-// and no shard of the previous set is left behind.
+// and no shard of the previous set is left behind. A whole-folder output (strip's copy of a
+// folder) goes the same way, without taking anything from the folder it replaces.
 #pragma once
 
 #include <string>
@@ -19,11 +20,15 @@ bool IsModelSetFile(const std::string& name);
 
 class OutputPlace {
  public:
-  // `to`: a folder, or a single file (.safetensors or a torch file). Throws ckpt::Error when it
-  // exists (a folder: holds a model set) and `force` is false.
-  OutputPlace(const std::string& to, bool force);
+  enum class Kind {
+    kModelSet,  // `to` is a folder or a single file (by its extension); see above
+    kFolder,    // `to` is a folder, written whole
+  };
+  // Throws ckpt::Error when the output exists (a model-set folder: holds a model set) and
+  // `force` is false.
+  OutputPlace(const std::string& to, bool force, Kind kind = Kind::kModelSet);
   // The checks of the constructor alone: nothing is created (a dry run).
-  static void Check(const std::string& to, bool force);
+  static void Check(const std::string& to, bool force, Kind kind = Kind::kModelSet);
 
   // Where to write instead of `to`.
   const std::string& write_to() const { return write_to_; }
@@ -37,6 +42,7 @@ class OutputPlace {
   std::string shown_;  // as the user wrote it, for the paths Commit returns
   std::string write_to_;
   bool folder_ = false;
+  Kind kind_;
   TempFolder temp_;
 };
 

@@ -185,6 +185,7 @@ void TrashEntry(const std::string& dir, const std::string& name) {
   fs::path root(dir);
   fs::path trash = root / fmt::format("{}{}-{}", kTrashPrefix, name, ::getpid());
   std::error_code ec;
+  NoteChanging();
   fs::rename(root / name, trash, ec);
   if (ec) Fail("{}: cannot delete it: {}; it is untouched", (root / name).string(), ec.message());
   fs::remove_all(trash, ec);
@@ -203,6 +204,7 @@ void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
   so.threads = o.threads;
   std::vector<std::string> files;
   if (fs::is_directory(p)) {
+    NoteChanging();
     for (const std::string& t : TrainingOnlyFiles(p.string())) fs::remove(t);
     for (const std::string& f : ExpandInputs({p.string()})) files.push_back(f);
   } else {

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "io/file_copy.h"
 #include "ops/checkpoint_file.h"
 #include "ops/rewritable.h"
@@ -18,10 +19,7 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
   r.path = path;
   CheckpointFile f = OpenCheckpoint(path);
   r.before = r.after = f.map.size();
-  r.output =
-      o.output_dir.empty()
-          ? path
-          : (std::filesystem::path(o.output_dir) / std::filesystem::path(path).filename()).string();
+  r.output = o.output.empty() ? path : o.output;
   if (!f.torch) {
     r.note = "safetensors files hold no views: nothing to shrink";
     return r;
@@ -36,8 +34,8 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
   TorchRewrite rewrite(f, std::move(plan.rewrite));
   if (rewrite.output_size() >= r.before) {
     // Never a bigger file: what could be dropped costs more to cut out than it holds.
-    r.note = fmt::format("a rewrite would take {} bytes, not fewer than its {}; left as it is",
-                         rewrite.output_size(), r.before);
+    r.note = fmt::format("a rewrite would take {}, not less than its {}; left as it is",
+                         HumanBytes(rewrite.output_size()), HumanBytes(r.before));
     if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
     return r;
   }

@@ -12,7 +12,7 @@ namespace ckpt {
 
 struct ShrinkOptions {
   bool dry_run = false;
-  std::string output_dir;  // empty: replace each file in place
+  std::string output;  // empty: replace the file in place
   unsigned threads = 1;
   bool allow_unsafe_globals = false;
   torch::Trust trust;                           // modules whose calls are accepted (--trust)

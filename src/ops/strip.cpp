@@ -11,6 +11,8 @@
 #include "base/names.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/file_copy.h"
+#include "io/mapped_file.h"
+#include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
 #include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
@@ -87,6 +89,38 @@ StripTargets CollectStripTargets(const std::vector<std::string>& paths) {
            0;
   });
   return t;
+}
+
+size_t CopyRestOfFolder(const std::string& source, const std::string& into,
+                        const std::vector<std::string>& written,
+                        const std::vector<std::string>& left_out) {
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(source, ec);
+  std::set<fs::path> skip;
+  for (const auto* list : {&written, &left_out}) {
+    for (const std::string& p : *list) skip.insert(fs::weakly_canonical(p, ec));
+  }
+  size_t copied = 0;
+  for (auto it = fs::recursive_directory_iterator(base); it != fs::recursive_directory_iterator();
+       ++it) {
+    const fs::path& p = it->path();
+    const fs::path to = fs::path(into) / p.lexically_relative(base);
+    if (skip.count(p) || IsTempFileName(p.filename().string())) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_symlink(ec)) {
+      fs::create_directories(to.parent_path());
+      fs::copy_symlink(p, to);
+    } else if (it->is_directory(ec)) {
+      fs::create_directories(to);
+    } else if (it->is_regular_file(ec)) {
+      fs::create_directories(to.parent_path());
+      CopyFileAtomically(MappedFile::Open(p.string()), to.string());
+      ++copied;
+    }  // sockets, fifos, devices: not part of a checkpoint
+  }
+  return copied;
 }
 
 namespace {

@@ -63,4 +63,13 @@ struct StripTargets {
 };
 StripTargets CollectStripTargets(const std::vector<std::string>& paths);
 
+// `strip FOLDER -o OUT` writes a copy of FOLDER: its checkpoint files stripped, its
+// training-only files left out, everything else as it is. This copies that everything else
+// into `into` (files, links as links, subfolders): all of `source` but `written` (the files
+// and torch.distributed.checkpoint folders strip writes itself), `left_out` and temp files.
+// Returns the number of files copied.
+size_t CopyRestOfFolder(const std::string& source, const std::string& into,
+                        const std::vector<std::string>& written,
+                        const std::vector<std::string>& left_out);
+
 }  // namespace ckpt

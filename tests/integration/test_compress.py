@@ -261,7 +261,7 @@ class CompressRoundTrip(CkptTestCase):
 
         # Default name: DIR.ckz -> DIR, refused while DIR exists, replaced with -f.
         p = run("decompress", archive, expect=1)
-        self.assertIn("already exists", p.stderr)
+        self.assertIn("exists; --force replaces it", p.stderr)
         with open(os.path.join(root, "config.json"), "w") as f:
             f.write("changed")
         run("decompress", "-q", "-f", archive)
@@ -306,12 +306,12 @@ class CompressRoundTrip(CkptTestCase):
         run("compress", "-q", p)
         first = read_bytes(p + ".ckz")
         err = run("compress", p, expect=1).stderr
-        self.assertIn("already exists", err)
+        self.assertIn("exists; --force replaces it", err)
         self.assertEqual(read_bytes(p + ".ckz"), first)
         run("compress", "-q", "-f", "--level", "max", p)
         self.assertNotEqual(read_bytes(p + ".ckz"), b"")
         err = run("decompress", p + ".ckz", expect=1).stderr
-        self.assertIn("already exists", err)
+        self.assertIn("exists; --force replaces it", err)
         err = run("compress", p + ".ckz", expect=1).stderr
         self.assertIn("already a .ckz archive", err)
 

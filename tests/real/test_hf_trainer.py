@@ -366,17 +366,47 @@ class HFTrainerTest(TempDirTest):
         """`export checkpoint-6 --to OUT` on a Trainer checkpoint: OUT's model.safetensors holds
         the model (what from_pretrained needs), never the optimizer's state.N.exp_avg tensors."""
         out = self.path("export")
-        r = run("export", self.ck6, "--to", out, expect=None)
-        if r.returncode != 0:  # refusing is acceptable ("the model is already safetensors"), said
-            self.assertIn("error", r.stderr)
-            self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
-            return
+        run("export", self.ck6, "--to", out)
         st = load_file(os.path.join(out, "model.safetensors"))
         self.assertFalse([k for k in st if k.startswith("state.")], f"optimizer state exported: {sorted(st)[:4]}")
+        # Exactly the model's tensors: those of the Trainer's own model.safetensors.
+        self.assertEqual(sorted(st), sorted(load_file(os.path.join(self.ck6, "model.safetensors"))))
+        # --all takes the training state too, and only with --force over the first export.
+        r = run("export", self.ck6, "--to", out, "--all", expect=1)
+        self.assertIn("--force", r.stderr)
+        run("export", self.ck6, "--to", out, "--all", "--force")
+        everything = load_file(os.path.join(out, "model.safetensors"))
+        self.assertGreater(len(everything), len(st))
+        self.assertTrue(any(k.startswith("optimizer.") or ".exp_avg" in k for k in everything), sorted(everything)[:8])
+        run("export", self.ck6, "--to", out, "--force")
         shutil.copyfile(os.path.join(self.ck6, "config.json"), os.path.join(out, "config.json"))
         got, _ = model_weights(out)
         want, _ = model_weights(self.ck6)
         assert_same_object(self, want, got, "export of a checkpoint folder")
+
+    def test_export_again_replaces_the_whole_set(self):
+        """A second export into the same folder (different shard count) leaves exactly the new
+        set: no stale shard, an index naming only the new shards, config.json kept."""
+        out = self.path("sharded")
+        run("export", self.ck6, "--to", out, "--max-shard-size", "100KB")
+        first = sorted(os.listdir(out))
+        self.assertGreater(len([f for f in first if f.endswith(".safetensors")]), 2, first)
+        shutil.copyfile(os.path.join(self.ck6, "config.json"), os.path.join(out, "config.json"))
+        run("export", self.ck6, "--to", out, "--max-shard-size", "300KB", "--force")
+        second = sorted(os.listdir(out))
+        shards = [f for f in second if f.endswith(".safetensors")]
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        self.assertEqual(sorted(set(index["weight_map"].values())), shards)
+        self.assertEqual(second, sorted(shards + ["config.json", "model.safetensors.index.json"]))
+        self.assertNotEqual(len(shards), len([f for f in first if f.endswith(".safetensors")]))
+        got, _ = model_weights(out)
+        want, _ = model_weights(self.ck6)
+        assert_same_object(self, want, got, "second export")
+        # A size without a unit is a usage error (not 5 bytes, one tensor per shard).
+        r = run("export", self.ck6, "--to", self.path("five"), "--max-shard-size", "5", expect=2)
+        self.assertIn("unit", r.stderr)
+        self.assertFalse(os.path.exists(self.path("five")))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <string_view>
+
 namespace ckpt {
 
 std::string HumanBytes(uint64_t bytes) {
@@ -27,7 +29,12 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 std::string Count(uint64_t n, const std::string& noun) {
-  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+  if (n == 1) return "1 " + noun;
+  // English plurals of the nouns ckptool counts: entry -> entries, file -> files.
+  if (noun.size() > 1 && noun.ends_with('y') &&
+      std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos)
+    return std::to_string(n) + " " + noun.substr(0, noun.size() - 1) + "ies";
+  return std::to_string(n) + " " + noun + "s";
 }
 
 }  // namespace ckpt

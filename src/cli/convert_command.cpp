@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
 #include "ops/result_json.h"
+#include "ops/training_state.h"
 
 namespace ckpt::cli {
 
@@ -59,6 +61,18 @@ int RunConvert(ConvertCliOptions o) {
   co.allow_unsafe_globals = o.allow_unsafe_globals;
   co.trust.patterns = o.trust;
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype, o.force);
+  // A folder's training-only files (optimizer.pt, rng_state.pth...) are copied as they are,
+  // unless training state is to be converted too. A file named on its own is converted.
+  if (!o.include_optimizer) {
+    auto training = [&](const PathPair& j) {
+      return IsTrainingOnlyFile(j.input) &&
+             std::find(o.paths.begin(), o.paths.end(), j.input) == o.paths.end();
+    };
+    for (const PathPair& j : tree.checkpoints) {
+      if (training(j)) tree.copies.push_back(j);
+    }
+    std::erase_if(tree.checkpoints, training);
+  }
   if (tree.checkpoints.empty()) {
     std::string why;
     for (const std::string& p : o.paths) {
@@ -116,11 +130,17 @@ int RunConvert(ConvertCliOptions o) {
                               {"lost_precision", r.lost_precision},
                               {"warnings", r.warnings}});
     } else if (!o.quiet) {
-      std::cout << Printable(fmt::format(
-                       "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
-                       HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
-                       o.dry_run ? "would be converted" : "converted", r.kept_float32))
-                << "\n";
+      if (r.converted == 0 && r.kept_float32 == 0) {
+        std::cout << Printable(fmt::format("{} -> {}: no float32 tensors; {} unchanged", r.path,
+                                           r.output, o.dry_run ? "would be copied" : "copied"))
+                  << "\n";
+      } else {
+        std::cout << Printable(fmt::format(
+                         "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
+                         HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
+                         o.dry_run ? "would be converted" : "converted", r.kept_float32))
+                  << "\n";
+      }
       if (r.kept_training && !o.include_optimizer) {
         std::cout << fmt::format(
             "  kept as they are: {} of training state (optimizer, scheduler, RNG; "

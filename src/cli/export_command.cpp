@@ -164,7 +164,7 @@ int RunExport(const ExportCliOptions& o) {
       : r.selected.starts_with("DeepSpeed") || r.selected.starts_with("torch.")
           ? r.selected
           : "'" + r.selected + "'",
-      r.aliases ? fmt::format(", {} tied names recorded as aliases", r.aliases) : "");
+      r.aliases ? fmt::format(" ({} recorded as aliases)", Count(r.aliases, "tied name")) : "");
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
   if (r.archive_plain_bytes + r.archive_backed_bytes)
     std::cout << fmt::format(

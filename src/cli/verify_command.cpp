@@ -61,12 +61,11 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
       // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
       ckz::Archive a = ckz::Archive::Open(path);
       ArchiveVerifyResult r = VerifyArchive(a, threads);
-      return VerifyOutcome{
-          std::move(r.problems),
-          fmt::format("{}: OK (ckz archive: {} entries, {} chunks decoded, {} "
-                      "CRC-checked)",
-                      path, a.index().entries.size(), r.chunks, HumanBytes(r.bytes)),
-          {}};
+      return VerifyOutcome{std::move(r.problems),
+                           fmt::format("{}: OK (ckz archive: {}, {} decoded, {} CRC-checked)", path,
+                                       Count(a.index().entries.size(), "entry"),
+                                       Count(r.chunks, "chunk"), HumanBytes(r.bytes)),
+                           {}};
     }
     case Item::kFile: {
       CheckpointFile f = OpenCheckpoint(path);

@@ -253,12 +253,12 @@ StepOutcome RunStrip(const StepContext& c) {
   }
   std::string files_part =
       s.delete_files && !t.training_files.empty()
-          ? fmt::format("; {} training-only files {} ({})", t.training_files.size(),
+          ? fmt::format("; {} {} ({})", Count(t.training_files.size(), "training-only file"),
                         c.dry_run ? "would be deleted" : "deleted", HumanBytes(training))
           : "";
-  o.message = fmt::format("{} entries {} from {} files{}: {} -> {}", dropped,
-                          c.dry_run ? "would be dropped" : "dropped", results.size(), files_part,
-                          HumanBytes(o.before), HumanBytes(o.after));
+  o.message = fmt::format("{} {} from {}{}: {} -> {}", Count(dropped, "entry"),
+                          c.dry_run ? "would be dropped" : "dropped", Count(results.size(), "file"),
+                          files_part, HumanBytes(o.before), HumanBytes(o.after));
   return o;
 }
 

@@ -877,10 +877,10 @@ std::string RenderArchiveText(const ckz::Archive& a, size_t top) {
                                     ? "one file"
                                     : fmt::format("folder of {} entries", index.entries.size()),
                                 index.level == 1 ? "max" : "fast", HumanBytes(size), size);
-  out += fmt::format("  {} of original bytes in {} files -> {} ({}, {} of the original)\n",
-                     HumanBytes(original), files, HumanBytes(size), Ratio(original, size),
-                     Percent(size, original));
-  out += fmt::format("  {} chunks, {} tensors\n\n", index.chunks.size(), tensors);
+  out += fmt::format("  {} of original bytes in {} -> {} ({}, {} of the original)\n",
+                     HumanBytes(original), Count(files, "file"), HumanBytes(size),
+                     Ratio(original, size), Percent(size, original));
+  out += fmt::format("  {}, {}\n\n", Count(index.chunks.size(), "chunk"), Count(tensors, "tensor"));
   out +=
       "  CODING                        original         stored    ratio   planes "
       "(raw/huffman/zstd)\n";

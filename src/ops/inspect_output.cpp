@@ -114,7 +114,9 @@ std::string RenderText(const FileReport& r, size_t top_n) {
         case torch::Verdict::kWeightsOnly:
           break;
       }
-      out += fmt::format("    {:<56} {}\n", Printable(g.name), mark);
+      std::string line = fmt::format("    {:<56} {}", Printable(g.name), mark);
+      while (line.ends_with(' ')) line.pop_back();
+      out += line + "\n";
     }
   }
   if (!r.unsafe_calls.empty()) {

@@ -77,7 +77,9 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o, std::vector<std
     fs::path folder = fs::path(p).lexically_normal();
     if (folder.filename().empty()) folder = folder.parent_path();
     for (const std::string& f : ExpandInputs({p}, nullptr, dcp)) {
-      if (MatchesPatterns(f, o.patterns)) add(f, folder.parent_path());
+      // A bare folder name ("run") has no parent: its files are kept relative to ".".
+      fs::path base = folder.parent_path().empty() ? fs::path(".") : folder.parent_path();
+      if (MatchesPatterns(f, o.patterns)) add(f, base);
     }
   }
   return files;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "base/names.h"
 #include "dcp/dcp_checkpoint.h"
 #include "ops/logical_export.h"
@@ -30,7 +31,7 @@ ExportResult ExportDcp(const std::string& folder, const std::string& to, const E
     return IsBelowKeyPath(name, prefix);
   };
   std::string select = o.select;
-  if (select.empty()) {
+  if (select.empty() && !o.all) {
     for (const char* candidate : {"state_dict", "module", "model_state_dict", "model"}) {
       if (std::any_of(all.tensors.begin(), all.tensors.end(),
                       [&](const LogicalTensor& t) { return below(t.name, candidate); })) {
@@ -60,7 +61,7 @@ ExportResult ExportDcp(const std::string& folder, const std::string& to, const E
         continue;
       }
       t.name = t.name.substr(select.size() + 1);
-    } else if (training_state(t.name)) {
+    } else if (!o.all && training_state(t.name)) {
       ++left_out;
       continue;
     }
@@ -76,9 +77,9 @@ ExportResult ExportDcp(const std::string& folder, const std::string& to, const E
         outside, select));
   }
   if (left_out) {
-    m.warnings.push_back(fmt::format(
-        "{} training-state tensors left out (--select PREFIX exports what is under PREFIX)",
-        left_out));
+    m.warnings.push_back(
+        fmt::format("{} left out (--all keeps them; --select PREFIX exports what is under PREFIX)",
+                    Count(left_out, "training-state tensor")));
   }
   for (const dcp::Object& ob : c.objects) {
     for (const torch::UnsafeFinding& u : c.items[static_cast<size_t>(ob.item)].scan.findings)

@@ -7,11 +7,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/human.h"
 #include "base/names.h"
 #include "base/perf.h"
 #include "compress/archive.h"
@@ -25,6 +27,7 @@
 #include "io/temp_files.h"
 #include "ops/checkpoint_file.h"
 #include "ops/compress.h"
+#include "ops/conversion_tally.h"
 #include "ops/dcp_export.h"
 #include "ops/logical_export.h"
 #include "ops/piece_writer.h"
@@ -144,8 +147,8 @@ std::string ChooseSelection(const std::vector<std::unique_ptr<CheckpointFile>>& 
 
 // A torch tensor as a safetensors source: contiguous ones are cut into parallel pieces;
 // strided ones are gathered in one go.
-TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
-                      std::optional<kernels::Half> to) {
+TensorSource SourceOf(const ExportedTensor& it, size_t index, const CheckpointFile& f,
+                      std::optional<kernels::Half> to, ConversionTally& tally) {
   std::optional<kernels::Half> convert = it.convert ? to : std::nullopt;
   uint64_t scale = it.convert ? 2 : 1;
   if (f.st) {  // a safetensors tensor: one contiguous range
@@ -157,9 +160,13 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
     uint64_t at = f.st->data_offset + e.begin;
     src.input = &f.map;
     src.input_range = {at, it.size * scale};
-    src.write = [&f, at, convert, scale](AtomicOutput& out, uint64_t dst, uint64_t off,
-                                         uint64_t len) {
-      return WriteRange(out, dst, f.map, at + off * scale, len * scale, convert, nullptr);
+    src.write = [&f, at, convert, scale, index, &tally](AtomicOutput& out, uint64_t dst,
+                                                        uint64_t off, uint64_t len) {
+      kernels::ConversionLoss loss;
+      uint32_t crc =
+          WriteRange(out, dst, f.map, at + off * scale, len * scale, convert, nullptr, &loss);
+      if (convert) tally.Add(index, loss);
+      return crc;
     };
     return src;
   }
@@ -173,23 +180,26 @@ TensorSource SourceOf(const ExportedTensor& it, const CheckpointFile& f,
       src.input_range = {s.data_offset + t.byte_begin, it.size * scale};
     }
   }
-  src.write = [&f, &t, convert, scale, name](AtomicOutput& out, uint64_t dst, uint64_t off,
-                                             uint64_t len) {
+  src.write = [&f, &t, convert, scale, name, index, &tally](AtomicOutput& out, uint64_t dst,
+                                                            uint64_t off, uint64_t len) {
+    kernels::ConversionLoss loss;
+    uint32_t crc = 0;
     if (IsContiguous(t)) {
       const torch::Storage& s = f.torch->model.storages[t.storage];
       if (!s.present || s.compressed)
         Fail("tensor '{}': its storage record is compressed or missing", name);
-      return WriteRange(out, dst, f.map, s.data_offset + t.byte_begin + off * scale, len * scale,
-                        convert, nullptr);
+      crc = WriteRange(out, dst, f.map, s.data_offset + t.byte_begin + off * scale, len * scale,
+                       convert, nullptr, &loss);
+    } else {
+      uint64_t written = 0;
+      StreamTensorBytes(f.map, *f.torch, t, [&](Bytes piece) {
+        uint32_t c = WritePiece(out, dst + written, piece, convert, nullptr, 0, &loss);
+        uint64_t n = piece.size() / scale;
+        crc = written ? Crc32Combine(crc, c, n) : c;
+        written += n;
+      });
     }
-    uint32_t crc = 0;
-    uint64_t written = 0;
-    StreamTensorBytes(f.map, *f.torch, t, [&](Bytes piece) {
-      uint32_t c = WritePiece(out, dst + written, piece, convert, nullptr);
-      uint64_t n = piece.size() / scale;
-      crc = written ? Crc32Combine(crc, c, n) : c;
-      written += n;
-    });
+    if (convert) tally.Add(index, loss);
     return crc;
   };
   return src;
@@ -306,6 +316,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
           name, files[it->second]->path, files[fi]->path);
     }
   };
+  // With no --select and no model key, the whole object is the model less its training state
+  // (optimizer, scheduler, RNG: ops/training_state.h), unless --all asks for everything.
+  bool drop_training = r.selected.empty() && o.select.empty() && !o.all;
+  uint64_t left_out = 0;
   for (size_t fi = 0; fi < files.size(); ++fi) {
     if (files[fi]->st) {
       const safetensors::File& st = *files[fi]->st;
@@ -332,6 +346,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
       continue;
     }
     const torch::Model& m = files[fi]->torch->model;
+    std::optional<TrainingState> training;
+    if (drop_training) training.emplace(files[fi]->path, &m.graph);
     // Views with the same storage, start, dtype, shape and stride are one group, found by
     // hashing those fields of the tensor table (no copy of them per tensor).
     auto same_view = [&m](size_t a, size_t b) {
@@ -352,6 +368,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         m.tensors.size(), view_hash, same_view);  // tensor index -> index into items
     for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
       const torch::Tensor& t = m.tensors[ti];
+      if (training && (training->whole_file() || training->Contains(t.names))) {
+        ++left_out;
+        continue;
+      }
       std::vector<std::string> names;
       for (std::string_view n : t.names) {
         if (UnderPrefix(n, r.selected)) names.push_back(Relative(n, r.selected));
@@ -401,7 +421,17 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
     while (aliases.count(kept)) kept = aliases[kept];
   }
-  if (items.empty()) Fail("no tensors to export");
+  if (items.empty()) {
+    if (left_out)
+      Fail("no tensors to export: all {} are training state (--all exports them)",
+           Count(left_out, "tensor"));
+    Fail("no tensors to export");
+  }
+  if (left_out) {
+    r.warnings.push_back(
+        fmt::format("{} left out (--all keeps them; --select PREFIX exports what is under PREFIX)",
+                    Count(left_out, "training-state tensor")));
+  }
   // Read order: by file, then where the tensor's bytes are in it.
   std::vector<uint32_t> by_position(items.size());
   for (uint32_t i = 0; i < by_position.size(); ++i) by_position[i] = i;
@@ -418,7 +448,9 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
             [&](uint32_t a, uint32_t b) { return position(items[a]) < position(items[b]); });
   std::vector<TensorSource> outputs;
   outputs.reserve(items.size());
-  for (const ExportedTensor& it : items) outputs.push_back(SourceOf(it, *files[it.file], o.to));
+  ConversionTally tally(items.size());
+  for (size_t i = 0; i < items.size(); ++i)
+    outputs.push_back(SourceOf(items[i], i, *files[items[i].file], o.to, tally));
   for (uint32_t rank = 0; rank < by_position.size(); ++rank)
     outputs[by_position[rank]].read_order = rank;
   if (o.dry_run) {
@@ -433,6 +465,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   so.team = o.team;
   for (const auto& f : files) so.inputs.push_back(&f->map);
   SafetensorsModel written = WriteSafetensorsModel(to, std::move(outputs), aliases, so);
+  if (o.to) {
+    std::string w = tally.Warning(*o.to, [&](size_t i) { return items[i].name; });
+    if (!w.empty()) r.warnings.push_back(std::move(w));
+  }
   r.files = written.files;
   r.bytes = written.bytes;
   r.tensors = items.size();

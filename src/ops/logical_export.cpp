@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "io/atomic_output.h"
 #include "io/parallel_crc.h"
+#include "ops/conversion_tally.h"
 #include "ops/element_convert.h"
 #include "ops/safetensors_output.h"
 #include "ops/torch_output.h"
@@ -17,9 +18,13 @@ namespace {
 
 using torch::DType;
 
+kernels::Half HalfOf(DType t) {
+  return t == DType::kBFloat16 ? kernels::Half::kBFloat16 : kernels::Half::kFloat16;
+}
+
 // Writes output bytes [offset, offset + length) of `t` (as `to`) at `dst`; returns their CRC.
 uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_t dst,
-                    uint64_t offset, uint64_t length) {
+                    uint64_t offset, uint64_t length, kernels::ConversionLoss* loss) {
   constexpr uint64_t kStep = 1 << 20;  // input bytes converted at a time
   const uint64_t in_size = torch::ElementSize(t.stored), out_size = torch::ElementSize(to);
   uint32_t crc = 0;
@@ -27,6 +32,7 @@ uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_
   t.read(offset / out_size, length / out_size, [&](Bytes span) {
     for (uint64_t at = 0; at < span.size();) {
       uint64_t n = std::min<uint64_t>(span.size() - at, kStep / in_size * in_size);
+      if (loss) loss->Add(kernels::MeasureLoss(HalfOf(to), span.data() + at, n / 4));
       uint32_t c = WriteConverted(out, dst + written, span.subspan(at, n), t.stored, to);
       uint64_t w = n / in_size * out_size;
       crc = written ? Crc32Combine(crc, c, w) : c;
@@ -36,6 +42,13 @@ uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_
   });
   if (written != length) Fail("internal: tensor '{}' gave {} of {} bytes", t.name, written, length);
   return crc;
+}
+
+void AddConversionWarning(const ConversionTally& tally, const LogicalModel& m,
+                          std::optional<DType> half, ExportResult& r) {
+  if (!half) return;
+  std::string w = tally.Warning(HalfOf(*half), [&](size_t i) { return m.tensors[i].name; });
+  if (!w.empty()) r.warnings.push_back(std::move(w));
 }
 
 }  // namespace
@@ -56,7 +69,9 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   std::vector<TensorSource> outputs;
   outputs.reserve(m.tensors.size());
   std::set<std::string_view> written;
-  for (const LogicalTensor& t : m.tensors) {
+  ConversionTally tally(m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const LogicalTensor& t = m.tensors[i];
     DType out_dtype = t.dtype;
     if (half && torch::IsFloatingPoint(t.dtype) && CanConvert(t.stored, *half)) out_dtype = *half;
     if (!CanConvert(t.stored, out_dtype))
@@ -64,8 +79,14 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
            torch::Name(t.stored));
     uint64_t out_size = torch::ElementSize(out_dtype);
     TensorSource src{t.name, out_dtype, t.shape, t.numel * out_size, false, nullptr};
-    src.write = [&t, out_dtype](AtomicOutput& out, uint64_t dst, uint64_t off, uint64_t len) {
-      return WriteRange(t, out_dtype, out, dst, off, len);
+    bool measured = out_dtype != t.stored && t.stored == DType::kFloat32 &&
+                    (out_dtype == DType::kBFloat16 || out_dtype == DType::kFloat16);
+    src.write = [&t, out_dtype, measured, i, &tally](AtomicOutput& out, uint64_t dst, uint64_t off,
+                                                     uint64_t len) {
+      kernels::ConversionLoss loss;
+      uint32_t crc = WriteRange(t, out_dtype, out, dst, off, len, measured ? &loss : nullptr);
+      if (measured) tally.Add(i, loss);
+      return crc;
     };
     outputs.push_back(std::move(src));
     written.insert(t.name);
@@ -87,6 +108,7 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
     to_opts.inputs = m.inputs;
     r.bytes = WriteTorchModel(to, std::move(outputs), aliases, to_opts);
     r.files = {to};
+    AddConversionWarning(tally, m, half, r);
     return r;
   }
   SafetensorsModelOptions so;
@@ -97,6 +119,7 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   SafetensorsModel out = WriteSafetensorsModel(to, std::move(outputs), aliases, so);
   r.files = out.files;
   r.bytes = out.bytes;
+  AddConversionWarning(tally, m, half, r);
   return r;
 }
 

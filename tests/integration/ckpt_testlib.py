@@ -25,9 +25,10 @@ def read_json(path):
         return json.load(f)
 
 
-def run(*args, expect=0):
-    """Runs ckptool; asserts the exit code when `expect` is not None."""
-    p = subprocess.run([CKPTOOL, *map(str, args)], capture_output=True, text=True, timeout=300)
+def run(*args, expect=0, cwd=None):
+    """Runs ckptool (in `cwd` if given); asserts the exit code when `expect` is not None."""
+    p = subprocess.run([CKPTOOL, *map(str, args)], capture_output=True, text=True, timeout=300,
+                       cwd=cwd)
     if expect is not None and p.returncode != expect:
         raise AssertionError(
             f"ckptool {' '.join(map(str, args))} exited {p.returncode}, expected {expect}\n"

@@ -180,6 +180,19 @@ class OutputConventionsTest(CkptTestCase):
                 self.assertTrue(os.path.isfile(result))
                 self.assertEqual(read_bytes(self.src), self.original)
 
+    def test_decompress_of_a_folder_creates_parents_too(self):
+        folder = self.path("run")
+        os.makedirs(folder)
+        training_checkpoint(os.path.join(folder, "a.pt"))
+        run("compress", folder)
+        dest = self.path("new/f/g/restored")
+        run("decompress", folder + ".ckz", "-o", dest)
+        self.assertEqual(tree(dest), tree(folder))
+        r = run("decompress", folder + ".ckz", "-o", dest, expect=1)
+        self.assertIn("--force", r.stderr)
+        run("decompress", folder + ".ckz", "-o", dest, "--force")
+        self.assertEqual(tree(dest), tree(folder))
+
     def test_dry_run_writes_nothing(self):
         out = self.path("dry")
         for name, (args, result) in self.commands(out).items():
@@ -213,6 +226,9 @@ class OutputConventionsTest(CkptTestCase):
         run("shrink", self.path("run1"), self.path("run2"), "--output-dir", out)
         self.assertEqual(sorted(tree(out)), ["run1/mp_rank_00_model_states.pt",
                                              "run2/mp_rank_00_model_states.pt"])
+        # Bare folder names, relative to the working folder, keep their names too.
+        run("shrink", "run1", "run2/", "--output-dir", "bare", cwd=self.tmp)
+        self.assertEqual(sorted(tree(self.path("bare"))), sorted(tree(out)))
         # Two inputs of one name, given as files, would collide: refused before any work.
         r = run("shrink", os.path.join(self.path("run1"), "mp_rank_00_model_states.pt"),
                 os.path.join(self.path("run2"), "mp_rank_00_model_states.pt"), "--output-dir",

@@ -177,6 +177,46 @@ class ExportTest(CkptTestCase):
         meta, tensors = read_safetensors(self, self.path("out/model.safetensors"))
         self.assertEqual(set(tensors), set(obj["model"]))
 
+    def test_bare_training_dict_leaves_training_state_out_unless_all(self):
+        # No model key (state_dict, module, model...): the object is the model less its
+        # training state, as strip would leave it; --all keeps everything.
+        model, opt, _ = trained(5)
+        obj = dict(model.state_dict())
+        obj["optimizer"] = opt.state_dict()
+        obj["rng_state"] = torch.get_rng_state()
+        p = self.path("bare.pt")
+        torch.save(obj, p)
+        r = run("export", p, "-o", self.path("out"))
+        self.assertIn("training-state tensors left out (--all keeps them", r.stderr)
+        meta, tensors = read_safetensors(self, self.path("out/model.safetensors"))
+        self.assertEqual(set(tensors) | set(meta) - {"format"}, set(model.state_dict()))
+        run("export", p, "-o", self.path("everything"), "--all")
+        meta, tensors = read_safetensors(self, self.path("everything/model.safetensors"))
+        self.assertIn("rng_state", tensors)
+        self.assertTrue(any(k.startswith("optimizer.state.") for k in tensors))
+        # A bare optimizer state dict is training state as a whole.
+        torch.save(opt.state_dict(), self.path("optim.pt"))
+        r = run("export", self.path("optim.pt"), "-o", self.path("none"), expect=1)
+        self.assertIn("are training state (--all exports them)", r.stderr)
+        self.assertFalse(os.path.exists(self.path("none")))
+
+    def test_dtype_warns_when_conversion_changes_more_than_rounding(self):
+        torch.manual_seed(0)
+        obj = {"model": {"ok": torch.randn(64), "big": torch.full((8,), 2.0 ** 18),
+                         "tiny": torch.full((8,), 1e-9), "count": torch.tensor([4097.0])}}
+        p = self.path("m.pt")
+        torch.save(obj, p)
+        r = run("export", p, "-o", self.path("fp16"), "--dtype", "fp16")
+        self.assertIn("converting to fp16 changed more than rounding in 3 tensors", r.stderr)
+        for name in ("big: 8 values would become infinity", "tiny: 8 of its 8 non-zero",
+                     "count: it holds whole numbers"):
+            self.assertIn(name, r.stderr)
+        self.assertNotIn("ok:", r.stderr)
+        r = run("export", p, "-o", self.path("bf16"), "--dtype", "bf16")
+        self.assertIn("changed more than rounding in 1 tensor ", r.stderr)  # the counter
+        r = run("export", p, "-o", self.path("plain"))
+        self.assertNotIn("rounding", r.stderr)
+
 
 if __name__ == "__main__":
     import unittest

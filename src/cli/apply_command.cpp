@@ -9,7 +9,7 @@
 #include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/policy_cli.h"
-#include "ops/apply.h"
+#include "policy/apply.h"
 
 namespace ckpt::cli {
 

@@ -12,6 +12,7 @@
 #include "deepspeed/zero_checkpoint.h"
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
+#include "ops/discovery.h"
 #include "ops/inspect_output.h"
 #include "ops/zero_report.h"
 

@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ops/apply.h"
+#include "policy/apply.h"
 #include "policy/policy.h"
 
 namespace ckpt::cli {

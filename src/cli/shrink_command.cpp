@@ -14,8 +14,9 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cluster/world.h"
+#include "file/checkpoint_file.h"
 #include "io/parallel.h"
-#include "ops/checkpoint_file.h"
+#include "ops/discovery.h"
 #include "ops/result_json.h"
 #include "ops/shrink.h"
 

@@ -16,6 +16,7 @@
 #include "io/parallel.h"
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
+#include "ops/discovery.h"
 #include "ops/result_json.h"
 #include "ops/verify.h"
 

@@ -21,8 +21,8 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/policy_cli.h"
-#include "ops/apply.h"
 #include "ops/prune.h"
+#include "policy/apply.h"
 
 namespace ckpt::cli {
 

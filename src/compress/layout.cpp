@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "base/error.h"
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "safetensors/safetensors_file.h"
 #include "torch/torch_file.h"
 

@@ -35,10 +35,10 @@
 #include <vector>
 
 #include "io/mapped_file.h"
-#include "ops/logical_model.h"
 #include "pickle/graph.h"
 #include "torch/dtype.h"
 #include "torch/global_policy.h"
+#include "torch/logical_model.h"
 #include "torch/model.h"
 
 namespace ckpt::dcp {

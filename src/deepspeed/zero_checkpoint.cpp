@@ -12,8 +12,8 @@
 #include "base/checked.h"
 #include "base/error.h"
 #include "io/text_file.h"
-#include "ops/tensor_bytes.h"
 #include "torch/global_policy.h"
+#include "torch/tensor_bytes.h"
 
 namespace ckpt::deepspeed {
 

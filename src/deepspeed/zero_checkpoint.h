@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "base/names.h"
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "torch/dtype.h"
 
 namespace ckpt::deepspeed {

@@ -10,11 +10,11 @@
 
 #include "base/error.h"
 #include "dcp/dcp_checkpoint.h"
+#include "file/checkpoint_file.h"
 #include "io/atomic_output.h"
 #include "io/file_copy.h"
 #include "io/mapped_file.h"
 #include "io/text_file.h"
-#include "ops/checkpoint_file.h"
 
 namespace ckpt {
 

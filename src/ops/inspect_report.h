@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "torch/global_policy.h"
 
 namespace ckpt {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ops/export.h"
-#include "ops/logical_model.h"
+#include "torch/logical_model.h"
 
 namespace ckpt {
 

@@ -19,9 +19,10 @@
 #include "base/names.h"
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
+#include "file/checkpoint_file.h"
 #include "io/temp_files.h"
 #include "io/text_file.h"
-#include "ops/checkpoint_file.h"
+#include "ops/discovery.h"
 #include "ops/strip.h"
 
 namespace ckpt {

@@ -3,7 +3,7 @@
 // (pickles that can run code, unless the user allows it: they are never run either way).
 #pragma once
 
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "torch/global_policy.h"
 
 namespace ckpt {

@@ -12,8 +12,8 @@
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "ops/piece_writer.h"
-#include "ops/tensor_bytes.h"
 #include "ops/torch_rewrite.h"
+#include "torch/tensor_bytes.h"
 
 namespace ckpt {
 

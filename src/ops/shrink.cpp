@@ -6,8 +6,8 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "file/checkpoint_file.h"
 #include "io/file_copy.h"
-#include "ops/checkpoint_file.h"
 #include "ops/rewritable.h"
 #include "ops/shrink_plan.h"
 #include "ops/torch_rewrite.h"

@@ -8,12 +8,12 @@
 
 #include "base/error.h"
 #include "base/perf.h"
+#include "file/checkpoint_file.h"
 #include "io/atomic_output.h"
 #include "io/checked_ranges.h"
 #include "io/crc32.h"
 #include "io/parallel_crc.h"
 #include "io/range_stream.h"
-#include "ops/checkpoint_file.h"
 #include "pickle/writer.h"
 #include "torch/torch_file.h"
 #include "zip/zip_writer.h"

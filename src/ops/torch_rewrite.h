@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
-#include "ops/checkpoint_file.h"
 #include "ops/rewrite_plan.h"
 #include "pickle/graph.h"
 #include "pickle/graph_digest.h"

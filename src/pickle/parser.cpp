@@ -692,9 +692,18 @@ void Parser::Step(uint8_t code) {
     case op::kExt2:
     case op::kExt4:
       Error("EXT opcodes refer to Python's copyreg extension registry and are not supported");
-    case op::kNextBuffer:
-    case op::kReadOnlyBuffer:
-      Error("out-of-band buffers (protocol 5 NEXT_BUFFER) are not supported");
+    case op::kNextBuffer:  // load_next_buffer: torch.load passes no buffers
+      Error("NEXT_BUFFER refers to out-of-band data (protocol 5) and torch.load gives none");
+    case op::kReadOnlyBuffer: {
+      // load_readonly_buffer: a memoryview of the top object, made read-only. Bytes stay as
+      // they are; a bytearray becomes a read-only view of the same bytes; anything without
+      // the buffer protocol makes memoryview() raise.
+      Kind k = g_.kind(Top());
+      if (k != Kind::kBytes && k != Kind::kByteArray) {
+        Error(fmt::format("READONLY_BUFFER of a {}: not a bytes-like object", KindName(k)));
+      }
+      return;
+    }
     default:
       Error(fmt::format("unknown opcode 0x{:02x}", code));
   }

@@ -7,9 +7,9 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "file/checkpoint_file.h"
 #include "io/crc32.h"
 #include "io/mapped_file.h"
-#include "ops/checkpoint_file.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt::policy {

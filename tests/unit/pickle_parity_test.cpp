@@ -170,6 +170,21 @@ TEST(PickleParity, UnhashableKeysFailAsInCPython) {
   EXPECT_NO_THROW(Parse(B("\x80\x02}K\x01K\x02\x86Ns."s)));       // a tuple of ints is fine
 }
 
+TEST(PickleParity, ReadOnlyBufferKeepsBytesAndRefusesTheRest) {
+  // load_readonly_buffer: a memoryview of the top object. Bytes and bytearrays have one (the
+  // fuzzer found a reading that refused READONLY_BUFFER where CPython goes on).
+  Graph g = Parse(B("\x80\x05"
+                    "C\x02hi\x98\x85."s))
+                .graph;
+  ASSERT_EQ(g.kind(g.root), Kind::kTuple);
+  EXPECT_NO_THROW(Parse(B("\x80\x05\x96\x02\x00\x00\x00\x00\x00\x00\x00hi\x98."s)));
+  EXPECT_THROW(Parse(B("\x80\x05K\x01\x98."s)), Error);  // memoryview(1) raises
+  EXPECT_THROW(Parse(B("\x80\x05\x98."s)), Error);       // stack underflow
+  EXPECT_THROW(Parse(B("\x80\x05"
+                       "C\x02hi\x97."s)),
+               Error);  // NEXT_BUFFER: no buffers given
+}
+
 TEST(PickleParity, EmptyExtendsAndNoneBuildsAreNoOps) {
   // _pickle.c returns before looking at the target when there is nothing to add, and BUILD
   // with None changes nothing on a value without __setstate__.

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/apply.h"
+#include "policy/apply.h"
 #include "policy/policy.h"
 
 namespace ckpt::policy {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "ops/verify.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "base/error.h"
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "ops/inspect_report.h"
 #include "ops/verify.h"
 #include "test_util.h"

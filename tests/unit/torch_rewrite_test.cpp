@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 #include "test_util.h"
 
 namespace ckpt {

@@ -1,4 +1,4 @@
-#include "ops/apply.h"
+#include "policy/apply.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -18,15 +18,16 @@
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "file/checkpoint_file.h"
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
-#include "ops/checkpoint_file.h"
 #include "ops/compress.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
 #include "ops/dcp_report.h"
 #include "ops/dcp_strip.h"
+#include "ops/discovery.h"
 #include "ops/export.h"
 #include "ops/output_set.h"
 #include "ops/prune.h"

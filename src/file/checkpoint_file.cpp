@@ -1,4 +1,4 @@
-#include "ops/checkpoint_file.h"
+#include "file/checkpoint_file.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,14 +7,10 @@
 
 #include "base/error.h"
 #include "base/perf.h"
-#include "dcp/dcp_checkpoint.h"
-#include "io/temp_files.h"
 #include "torch/pickle_read.h"
 #include "zip/zip_archive.h"
 
 namespace ckpt {
-
-namespace fs = std::filesystem;
 
 const char* FormatName(Format f) {
   switch (f) {
@@ -106,60 +102,6 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
   // keeps them; what is read later comes back through windows).
   f.map.Release(0, f.map.size());
   return f;
-}
-
-std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
-                                      std::vector<std::string>* skipped,
-                                      std::vector<std::string>* dcp_folders) {
-  std::vector<std::string> out;
-  std::map<std::string, bool> is_dcp;  // folder -> holds a DCP checkpoint
-  auto in_dcp_folder = [&](const fs::path& file) {
-    std::string folder = file.parent_path().string();
-    auto [it, fresh] = is_dcp.emplace(folder, false);
-    if (fresh) {
-      it->second = dcp::LooksLikeDcpCheckpoint(folder.empty() ? "." : folder);
-      if (it->second && dcp_folders) dcp_folders->push_back(folder.empty() ? "." : folder);
-    }
-    return it->second && dcp::IsDcpPart(file.string());
-  };
-  for (const std::string& input : inputs) {
-    std::error_code ec;
-    if (!fs::is_directory(input, ec)) {
-      if (dcp::IsDcpPart(input) && in_dcp_folder(fs::path(input))) continue;
-      out.push_back(input);
-      continue;
-    }
-
-    std::vector<std::string> found;
-    fs::recursive_directory_iterator it(input, fs::directory_options::skip_permission_denied, ec);
-    if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) Fail("{}: cannot list folder: {}", input, ec.message());
-      if (IsTempFileName(it->path().filename().string()) && it->is_directory(ec) &&
-          !it->is_symlink(ec)) {
-        it.disable_recursion_pending();  // a folder strip was building when it was stopped
-        continue;
-      }
-      if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
-      std::string p = it->path().string();
-      // ckptool's own temp files (a run killed outright leaves them) are never inputs.
-      if (IsTempFileName(it->path().filename().string())) continue;
-      if (in_dcp_folder(it->path())) continue;
-      try {
-        MappedFile m = MappedFile::Open(p);
-        if (DetectFormat(m.bytes())) {
-          found.push_back(p);
-        } else if (skipped) {
-          skipped->push_back(p);
-        }
-      } catch (const Error&) {
-        if (skipped) skipped->push_back(p);
-      }
-    }
-    std::sort(found.begin(), found.end());
-    out.insert(out.end(), found.begin(), found.end());
-  }
-  return out;
 }
 
 }  // namespace ckpt

@@ -1,5 +1,6 @@
-// Opening any supported checkpoint: format detection by content, folder expansion, and
-// the parsed result of whichever reader applies.
+// One checkpoint file, opened by its content (not its name): a torch zip, a legacy torch
+// file or a safetensors file, with the parsed result of whichever reader applies. The
+// folder formats (dcp/, deepspeed/) and the archive (compress/) open their files through it.
 #pragma once
 
 #include <optional>
@@ -32,15 +33,5 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
 
 // `options` with done_with set to drop those pages of `map` from the resident set.
 torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions options = {});
-
-// The one folder discovery every command uses. Files stay as given; a folder becomes every
-// checkpoint file below it (by content, sorted, symlinks not followed). A
-// torch.distributed.checkpoint folder (dcp/dcp_checkpoint.h) is one checkpoint, not files:
-// its .distcp and .metadata files are never returned; the folder goes to `dcp_folders` (its
-// other files, such as Megatron's common.pt, are returned as files). `skipped` receives
-// folder entries that are not checkpoints.
-std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
-                                      std::vector<std::string>* skipped = nullptr,
-                                      std::vector<std::string>* dcp_folders = nullptr);
 
 }  // namespace ckpt

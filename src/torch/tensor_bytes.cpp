@@ -1,4 +1,4 @@
-#include "ops/tensor_bytes.h"
+#include "torch/tensor_bytes.h"
 
 #include <optional>
 #include <string>

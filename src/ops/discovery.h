@@ -1,0 +1,20 @@
+// Discovery: the paths a user gives -> the checkpoints they name, by content. One walk for
+// every command.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+// The one folder discovery every command uses. Files stay as given; a folder becomes every
+// checkpoint file below it (by content, sorted, symlinks not followed). A
+// torch.distributed.checkpoint folder (dcp/dcp_checkpoint.h) is one checkpoint, not files:
+// its .distcp and .metadata files are never returned; the folder goes to `dcp_folders` (its
+// other files, such as Megatron's common.pt, are returned as files). `skipped` receives
+// folder entries that are not checkpoints.
+std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
+                                      std::vector<std::string>* skipped = nullptr,
+                                      std::vector<std::string>* dcp_folders = nullptr);
+
+}  // namespace ckpt

@@ -10,6 +10,8 @@
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "io/parallel.h"
+#include "ops/archive_view.h"
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/discovery.h"
@@ -36,6 +38,29 @@ struct Inputs {
   std::vector<std::string> archives, files, zero, dcp;
 };
 
+// The checkpoints a .ckz archive holds, read in place through its skeleton
+// (ops/archive_view.h): each file's report and each DCP folder's, named "<archive>: <path
+// inside>", as inspect of the restored checkpoint would give them.
+struct Held {
+  std::unique_ptr<ArchiveView> view;
+  std::vector<std::string> files, dcp;
+  std::string Name(const std::string& archive, const std::string& path) const {
+    return archive + ": " + view->Relative(path);
+  }
+  dcp::Checkpoint OpenDcp(const std::string& archive, const std::string& folder) const {
+    dcp::Checkpoint c = dcp::OpenDcp(folder);
+    c.folder = Name(archive, folder);
+    return c;
+  }
+};
+
+Held OpenHeld(const std::string& archive) {
+  Held h;
+  h.view = ArchiveView::Open(archive, ReadOnlyTempParent(), DefaultThreads());
+  h.files = ExpandInputs({h.view->root()}, nullptr, &h.dcp);
+  return h;
+}
+
 // Text: each checkpoint's report as it is read; a ZeRO folder's rank files are described from
 // the parse its reader makes of them (not parsed a second time), printed in the same order as
 // if they were read on their own.
@@ -50,6 +75,13 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
   for (const std::string& path : in.archives) {
     try {
       print(RenderArchiveText(ckz::Archive::Open(path), o.top));
+      Held held = OpenHeld(path);
+      for (const std::string& f : held.files) {
+        FileReport r = BuildReport(OpenCheckpoint(f), o.top, torch::Trust{o.trust});
+        r.path = held.Name(path, f);
+        print(RenderText(r, o.top));
+      }
+      for (const std::string& d : held.dcp) print(RenderDcpText(held.OpenDcp(path, d), o.top));
     } catch (const Error& e) {
       PrintError(e.what());
       rc = 1;
@@ -149,7 +181,26 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
       true);
   section(
       "archives", in.archives, "path",
-      [&](const std::string& path) { WriteArchiveJson(out, ckz::Archive::Open(path)); }, false);
+      [&](const std::string& path) {
+        ckz::Archive a = ckz::Archive::Open(path);
+        Held held = OpenHeld(path);
+        WriteArchiveJson(out, a, [&](JsonStream& j) {
+          // "checkpoints": the held files' reports, as "files" would hold them once restored.
+          j.BeginArray("checkpoints");
+          for (const std::string& f : held.files) {
+            FileReport r = BuildReport(OpenCheckpoint(f), SIZE_MAX, torch::Trust{o.trust});
+            r.path = held.Name(path, f);
+            WriteJson(j, r);
+          }
+          j.End();
+          if (!held.dcp.empty()) {
+            j.BeginArray("dcp");
+            for (const std::string& d : held.dcp) WriteDcpJson(j, held.OpenDcp(path, d));
+            j.End();
+          }
+        });
+      },
+      false);
   section(
       "zero", in.zero, "folder",
       [&](const std::string& path) { WriteZeroJson(out, deepspeed::OpenZeroCheckpoint(path)); },

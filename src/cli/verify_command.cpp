@@ -14,6 +14,7 @@
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
+#include "ops/archive_view.h"
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/discovery.h"
@@ -59,14 +60,33 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
   const std::string& path = item.path;
   switch (item.kind) {
     case Item::kArchive: {
-      // A .ckz archive: every chunk decoded and its checksum checked, in parallel.
+      // A .ckz archive: every chunk decoded and its checksum checked, in parallel; then the
+      // checkpoints it holds, verified as they would be once restored (what torch.load of
+      // them would run is what matters), read in place through the archive's skeleton.
       ckz::Archive a = ckz::Archive::Open(path);
       ArchiveVerifyResult r = VerifyArchive(a, threads);
-      return VerifyOutcome{std::move(r.problems),
-                           fmt::format("{}: OK (ckz archive: {}, {} decoded, {} CRC-checked)", path,
-                                       Count(a.index().entries.size(), "entry"),
-                                       Count(r.chunks, "chunk"), HumanBytes(r.bytes)),
-                           {}};
+      VerifyOutcome out{std::move(r.problems),
+                        fmt::format("{}: OK (ckz archive: {}, {} decoded, {} CRC-checked", path,
+                                    Count(a.index().entries.size(), "entry"),
+                                    Count(r.chunks, "chunk"), HumanBytes(r.bytes)),
+                        {}};
+      if (!out.problems.empty()) return out;
+      std::unique_ptr<ArchiveView> view = ArchiveView::Open(path, ReadOnlyTempParent(), threads);
+      std::vector<std::string> dcp_folders;
+      std::vector<std::string> held = ExpandInputs({view->root()}, nullptr, &dcp_folders);
+      auto add = [&](const std::string& where, VerifyOutcome v) {
+        for (torch::Problem& p : v.problems) {
+          p.where = p.where.empty() ? view->Relative(where)
+                                    : fmt::format("{}: {}", view->Relative(where), p.where);
+          out.problems.push_back(std::move(p));
+        }
+        for (std::string& n : v.notes) out.notes.push_back(view->Relative(where) + ": " + n);
+      };
+      for (const std::string& f : held) add(f, Check({Item::kFile, f}, threads, trust));
+      for (const std::string& d : dcp_folders) add(d, Check({Item::kDcp, d}, threads, trust));
+      out.ok += fmt::format("; {} inside verified as restored)",
+                            Count(held.size() + dcp_folders.size(), "checkpoint"));
+      return out;
     }
     case Item::kFile: {
       CheckpointFile f = OpenCheckpoint(path);

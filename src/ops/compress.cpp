@@ -936,7 +936,8 @@ std::string RenderArchiveText(const ckz::Archive& a, size_t top) {
   return out;
 }
 
-void WriteArchiveJson(JsonStream& out, const ckz::Archive& a) {
+void WriteArchiveJson(JsonStream& out, const ckz::Archive& a,
+                      const std::function<void(JsonStream&)>& extra) {
   const Index& index = a.index();
   IndexStats s = StatsOf(index);
   out.BeginObject();
@@ -1006,6 +1007,7 @@ void WriteArchiveJson(JsonStream& out, const ckz::Archive& a) {
     out.End();
   }
   out.End();
+  if (extra) extra(out);
   out.End();
 }
 

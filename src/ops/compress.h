@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,9 @@ std::string DefaultRestoredName(const std::string& archive);  // "" when it has 
 
 // inspect: what the archive holds and how each kind of bytes was coded, without decoding.
 std::string RenderArchiveText(const ckz::Archive& a, size_t top);
-void WriteArchiveJson(JsonStream& out, const ckz::Archive& a);
+// `extra` writes more members into the archive's object (inspect: the held checkpoints).
+void WriteArchiveJson(JsonStream& out, const ckz::Archive& a,
+                      const std::function<void(JsonStream&)>& extra = {});
 
 // verify: decodes every chunk in parallel and checks every checksum; one problem per bad
 // chunk (naming the file and tensors it holds) and per file whose checksum fails.

@@ -26,6 +26,7 @@
 #include "io/folders.h"
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
+#include "ops/archive_view.h"
 #include "ops/compress.h"
 #include "ops/conversion_tally.h"
 #include "ops/dcp_export.h"
@@ -209,18 +210,11 @@ TensorSource SourceOf(const ExportedTensor& it, size_t index, const CheckpointFi
 
 namespace {
 
-// A .ckz archive given to export is read in place: its skeleton (compress/skeleton.h: the
-// folder tree with only the plain bytes written, tensor ranges left as holes) goes into a temp
-// folder beside the output -- same file system; a ckptool temp name, so a run killed outright
-// leaves nothing a later run does not remove -- and is exported as the original would be,
-// every tensor byte decoded from the archive's chunks as it is written and its chunk's CRC32
-// checked. The skeletons are dropped and the temp folder removed whatever happens.
-struct ArchiveSources {
-  TempFolder folder;  // destroyed last: the skeletons unregister their files first
-  std::vector<std::unique_ptr<ckz::Skeleton>> skeletons;
-  std::vector<std::string> sources;
-};
-
+// A .ckz archive given to export is read in place (ops/archive_view.h), its skeleton in a
+// temp folder beside the output -- the same file system -- and exported as the original
+// would be, every tensor byte decoded from the archive's chunks as it is written and its
+// chunk's CRC32 checked. The views are dropped and their temp folders removed whatever
+// happens.
 bool AnyArchive(const std::vector<std::string>& sources) {
   for (const std::string& s : sources) {
     std::error_code ec;
@@ -229,42 +223,28 @@ bool AnyArchive(const std::vector<std::string>& sources) {
   return false;
 }
 
-void OpenArchives(const std::vector<std::string>& sources, const std::string& to, unsigned threads,
-                  ArchiveSources& r) {
-  fs::path out = fs::absolute(to).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "out/"
-  fs::path dir = out.parent_path();                  // holds the output file or folder
-  fs::create_directories(dir);
-  RemoveStaleTempsIn(dir.string());
-  r.folder.path = TempPathFor((dir / "export").string());
-  fs::create_directory(r.folder.path);
-  for (const std::string& s : sources) {
-    std::error_code ec;
-    if (!fs::is_regular_file(s, ec) || !ckz::IsArchiveFile(s)) {
-      r.sources.push_back(s);
-      continue;
-    }
-    std::string name = DefaultRestoredName(s);
-    name = name.empty() ? "restored" : fs::path(name).filename().string();
-    std::string dest =
-        (fs::path(r.folder.path) / std::to_string(r.skeletons.size()) / name).string();
-    fs::create_directory(fs::path(dest).parent_path());
-    r.skeletons.push_back(ckz::Skeleton::Build(s, dest, threads));  // errors name the archive
-    r.sources.push_back(dest);
-  }
-}
-
 }  // namespace
 
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
   if (AnyArchive(sources)) {
-    ArchiveSources archives;
-    OpenArchives(sources, to, o.threads, archives);
-    ExportResult r = Export(archives.sources, to, o);
-    for (const auto& s : archives.skeletons) {
-      r.archive_plain_bytes += s->plain_bytes();
-      r.archive_backed_bytes += s->backed_bytes();
+    fs::path out = fs::absolute(to).lexically_normal();
+    if (!out.has_filename()) out = out.parent_path();  // "out/"
+    std::vector<std::unique_ptr<ArchiveView>> views;
+    std::vector<std::string> opened;
+    for (const std::string& s : sources) {
+      std::error_code ec;
+      if (!fs::is_regular_file(s, ec) || !ckz::IsArchiveFile(s)) {
+        opened.push_back(s);
+        continue;
+      }
+      views.push_back(ArchiveView::Open(s, out.parent_path().string(), o.threads));
+      opened.push_back(views.back()->root());
+    }
+    ExportResult r = Export(opened, to, o);
+    for (const auto& v : views) {
+      r.archive_plain_bytes += v->skeleton().plain_bytes();
+      r.archive_backed_bytes += v->skeleton().backed_bytes();
     }
     return r;
   }

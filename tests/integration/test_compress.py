@@ -466,6 +466,54 @@ class ExportFromArchive(CkptTestCase):
         self.assertIn("'model.layers.", err)
 
 
+class InspectAndVerifyArchives(CkptTestCase):
+    """inspect and verify of a .ckz archive also judge the checkpoints it holds, read in place,
+    as they would the restored originals: an archive of a file whose pickle would run code is
+    not OK, and the held reports equal the originals' (but for the path)."""
+
+    class Evil:
+        def __init__(self, marker):
+            self.marker = marker
+
+        def __reduce__(self):
+            return (os.system, (f"touch {self.marker}",))
+
+    def test_verify_of_an_archive_judges_the_pickles_inside(self):
+        marker = self.path("pwned")
+        evil = self.path("evil.pt")
+        torch.save({"w": weights(64), "x": self.Evil(marker)}, evil)
+        run("compress", "-q", evil)
+        r = run("verify", evil + ".ckz", expect=1)
+        self.assertIn("evil.pt.ckz: evil.pt: pickle offset", r.stderr + r.stdout)
+        self.assertIn("posix.system", r.stderr + r.stdout)
+        self.assertNotIn(": OK", r.stdout)
+        self.assertFalse(os.path.exists(marker))
+        # A good folder archive: the archive and each checkpoint inside.
+        folder = self.path("run")
+        os.makedirs(folder)
+        for i in range(2):
+            torch.save(state_dict(1 << 12, torch.float32, seed=i), os.path.join(folder, f"{i}.pt"))
+        run("compress", "-q", folder)
+        r = run("verify", folder + ".ckz")
+        self.assertIn("2 checkpoints inside verified as restored", r.stdout)
+        self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
+
+    def test_inspect_of_an_archive_reports_what_it_holds(self):
+        src = self.path("model.pt")
+        torch.save({"model": state_dict(1 << 14, torch.float32), "step": 7}, src)
+        ref = json.loads(run("inspect", "--json", src).stdout)["files"][0]
+        run("compress", "-q", src)
+        doc = json.loads(run("inspect", "--json", src + ".ckz").stdout)
+        held = doc["archives"][0]["checkpoints"]
+        self.assertEqual(len(held), 1)
+        self.assertEqual(held[0]["path"], src + ".ckz: model.pt")
+        self.assertEqual({k: v for k, v in held[0].items() if k != "path"},
+                         {k: v for k, v in ref.items() if k != "path"})
+        text = run("inspect", src + ".ckz").stdout
+        self.assertIn("model.pt.ckz: model.pt", text)
+        self.assertIn("BY TOP-LEVEL KEY", text)
+
+
 class ChangedWhileCompressing(CkptTestCase):
     """Another process changes an input while compress reads it: no archive is written."""
 

@@ -1,0 +1,37 @@
+// A .ckz archive seen as the checkpoint it holds: its skeleton (compress/skeleton.h) in a
+// temp folder, so that any reader opens the held files as it would the originals, every
+// tensor byte decoded from the archive when it is read. Export, verify and inspect read
+// archives through it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "compress/skeleton.h"
+#include "io/folders.h"
+
+namespace ckpt {
+
+class ArchiveView {
+ public:
+  // Builds the skeleton of `archive` in a new temp folder inside `parent` (a ckptool temp
+  // name: a run killed outright leaves nothing a later run does not remove). Throws
+  // ckpt::Error naming the archive.
+  static std::unique_ptr<ArchiveView> Open(const std::string& archive, const std::string& parent,
+                                           unsigned threads);
+  // The held file or folder, under its original name.
+  const std::string& root() const { return skeleton_->path(); }
+  // A path below root() as the archive names it ("model.pt", "run/rank0.pt").
+  std::string Relative(const std::string& path) const;
+  const ckz::Skeleton& skeleton() const { return *skeleton_; }
+
+ private:
+  ArchiveView() = default;
+  TempFolder folder_;                        // removed last: the skeleton unregisters first
+  std::unique_ptr<ckz::Skeleton> skeleton_;  // destroyed before folder_
+};
+
+// The folder for read-only commands' skeletons: the system's temp folder.
+std::string ReadOnlyTempParent();
+
+}  // namespace ckpt

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -57,7 +58,7 @@ struct Held {
 Held OpenHeld(const std::string& archive) {
   Held h;
   h.view = ArchiveView::Open(archive, ReadOnlyTempParent(), DefaultThreads());
-  h.files = ExpandInputs({h.view->root()}, nullptr, &h.dcp);
+  h.files = h.view->Checkpoints(&h.dcp);
   return h;
 }
 
@@ -76,12 +77,26 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
     try {
       print(RenderArchiveText(ckz::Archive::Open(path), o.top));
       Held held = OpenHeld(path);
+      auto each = [&](const std::string& p, auto describe) {
+        try {
+          print(describe(p));
+        } catch (const InputChanged&) {
+          throw;
+        } catch (const Error& e) {
+          PrintError(held.view->Rename(e.what(), path));
+          rc = 1;
+        }
+      };
       for (const std::string& f : held.files) {
-        FileReport r = BuildReport(OpenCheckpoint(f), o.top, torch::Trust{o.trust});
-        r.path = held.Name(path, f);
-        print(RenderText(r, o.top));
+        each(f, [&](const std::string& p) {
+          FileReport r = BuildReport(OpenCheckpoint(p), o.top, torch::Trust{o.trust});
+          r.path = held.Name(path, p);
+          return RenderText(r, o.top);
+        });
       }
-      for (const std::string& d : held.dcp) print(RenderDcpText(held.OpenDcp(path, d), o.top));
+      for (const std::string& d : held.dcp) {
+        each(d, [&](const std::string& p) { return RenderDcpText(held.OpenDcp(path, p), o.top); });
+      }
     } catch (const Error& e) {
       PrintError(e.what());
       rc = 1;
@@ -188,9 +203,20 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
           // "checkpoints": the held files' reports, as "files" would hold them once restored.
           j.BeginArray("checkpoints");
           for (const std::string& f : held.files) {
-            FileReport r = BuildReport(OpenCheckpoint(f), SIZE_MAX, torch::Trust{o.trust});
-            r.path = held.Name(path, f);
-            WriteJson(j, r);
+            std::optional<FileReport> r;
+            try {
+              r = BuildReport(OpenCheckpoint(f), SIZE_MAX, torch::Trust{o.trust});
+            } catch (const InputChanged&) {
+              throw;
+            } catch (const Error& e) {  // reported like a file inspect cannot read
+              std::string what = held.view->Rename(e.what(), path);
+              PrintError(what);
+              j.Value({{"path", held.Name(path, f)}, {"error", what}});
+              rc = 1;
+              continue;
+            }
+            r->path = held.Name(path, f);
+            WriteJson(j, *r);
           }
           j.End();
           if (!held.dcp.empty()) {

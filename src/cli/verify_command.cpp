@@ -73,17 +73,27 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
       if (!out.problems.empty()) return out;
       std::unique_ptr<ArchiveView> view = ArchiveView::Open(path, ReadOnlyTempParent(), threads);
       std::vector<std::string> dcp_folders;
-      std::vector<std::string> held = ExpandInputs({view->root()}, nullptr, &dcp_folders);
-      auto add = [&](const std::string& where, VerifyOutcome v) {
-        for (torch::Problem& p : v.problems) {
-          p.where = p.where.empty() ? view->Relative(where)
-                                    : fmt::format("{}: {}", view->Relative(where), p.where);
-          out.problems.push_back(std::move(p));
+      std::vector<std::string> held = view->Checkpoints(&dcp_folders);
+      // Problems and notes are named by the path inside the archive, never the temp folder.
+      auto check = [&](const Item& inside) {
+        std::string rel = view->Relative(inside.path);
+        try {
+          VerifyOutcome v = Check(inside, threads, trust);
+          for (torch::Problem& p : v.problems) {
+            p.where = p.where.empty() ? rel : fmt::format("{}: {}", rel, p.where);
+            out.problems.push_back(std::move(p));
+          }
+          for (std::string& n : v.notes) out.notes.push_back(rel + ": " + n);
+        } catch (const InputChanged&) {
+          throw;
+        } catch (const Error& e) {
+          std::string what = e.what();
+          if (what.starts_with(inside.path + ": ")) what = what.substr(inside.path.size() + 2);
+          out.problems.push_back({rel, view->Rename(what, path)});
         }
-        for (std::string& n : v.notes) out.notes.push_back(view->Relative(where) + ": " + n);
       };
-      for (const std::string& f : held) add(f, Check({Item::kFile, f}, threads, trust));
-      for (const std::string& d : dcp_folders) add(d, Check({Item::kDcp, d}, threads, trust));
+      for (const std::string& f : held) check({Item::kFile, f});
+      for (const std::string& d : dcp_folders) check({Item::kDcp, d});
       out.ok += fmt::format("; {} inside verified as restored)",
                             Count(held.size() + dcp_folders.size(), "checkpoint"));
       return out;

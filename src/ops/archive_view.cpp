@@ -2,8 +2,11 @@
 
 #include <filesystem>
 
+#include "file/checkpoint_file.h"
+#include "io/mapped_file.h"
 #include "io/temp_files.h"
 #include "ops/compress.h"
+#include "ops/discovery.h"
 
 namespace ckpt {
 
@@ -26,6 +29,24 @@ std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
 std::string ArchiveView::Relative(const std::string& path) const {
   fs::path base = fs::path(root()).parent_path();
   return fs::path(path).lexically_relative(base).string();
+}
+
+std::string ArchiveView::Rename(std::string text, const std::string& archive) const {
+  const std::string from = fs::path(root()).parent_path().string() + "/";
+  const std::string to = archive + ": ";
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
+std::vector<std::string> ArchiveView::Checkpoints(std::vector<std::string>* dcp) const {
+  std::error_code ec;
+  if (fs::is_regular_file(root(), ec)) {
+    MappedFile m = MappedFile::Open(root());
+    if (!DetectFormat(m.bytes())) return {};
+    return {root()};
+  }
+  return ExpandInputs({root()}, nullptr, dcp);
 }
 
 std::string ReadOnlyTempParent() {

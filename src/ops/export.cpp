@@ -279,7 +279,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   }
   r.selected = ChooseSelection(files, o.select, o.all);
 
-  // Group identical views; every group is written once under its first name in sort order.
+  // Group identical views; every group is written once under its first name in the source's
+  // order (the pickle's), the other names recorded as aliases.
   std::vector<ExportedTensor> items;
   std::map<std::string, std::string> aliases;  // alias -> kept
   size_t all_tensors = 0;
@@ -357,8 +358,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         if (UnderPrefix(n, r.selected)) names.push_back(Relative(n, r.selected));
       }
       if (names.empty()) continue;
-      std::sort(names.begin(), names.end());
-      const std::string& shown = names[0];
+      const std::string& shown = names[0];  // the first name in the pickle's own order
       if (t.storage < 0) Fail("tensor '{}' ({}) has no data to export", shown, t.kind);
       if (t.kind == "qtensor" || t.kind.starts_with("sparse") || t.kind.starts_with("nested")) {
         Fail("tensor '{}' is {}; safetensors cannot hold it", shown, t.kind);
@@ -383,12 +383,10 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         }
         items.push_back(it);
       }
-      ExportedTensor& kept = items[g->second];
+      // Tensors come in the pickle's order, so the group's first name was met first; the
+      // others are aliases of it (as ZeRO and DCP exports record theirs).
+      const ExportedTensor& kept = items[g->second];
       for (const std::string& n : names) {
-        if (n < kept.name) {  // a smaller name takes over; the old one becomes an alias
-          aliases[kept.name] = n;
-          kept.name = n;
-        }
         if (n != kept.name) aliases[n] = kept.name;
       }
     }
@@ -397,9 +395,6 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   // of a model's memory at 10^5 tensors) goes before the output is written and read back.
   for (const auto& f : files) {
     if (f->torch) f->torch->model.graph.Release();
-  }
-  for (auto& [alias, kept] : aliases) {  // resolve chains left by takeovers
-    while (aliases.count(kept)) kept = aliases[kept];
   }
   if (items.empty()) {
     if (left_out)

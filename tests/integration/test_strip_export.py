@@ -157,6 +157,18 @@ class ExportTest(CkptTestCase):
         self.assertEqual(meta, {"model.head_tied": "model.0.weight"})
         self.assertEqual(r["aliases"], 1)
 
+    def test_tied_names_keep_the_first_in_the_source_order(self):
+        # As Hugging Face's save_pretrained keeps transformer.wte.weight and drops lm_head.weight,
+        # and as ZeRO and DCP exports record theirs: the name met first is stored.
+        w = torch.randn(16, 8)
+        obj = {"transformer.wte.weight": w, "h.0.bias": torch.randn(8), "lm_head.weight": w}
+        p = self.path("tied.pt")
+        torch.save(obj, p)
+        run("export", p, "-o", self.path("out"))
+        meta, tensors = read_safetensors(self, self.path("out/model.safetensors"))
+        self.assertEqual(meta, {"format": "pt", "lm_head.weight": "transformer.wte.weight"})
+        self.assertEqual(sorted(tensors), ["h.0.bias", "transformer.wte.weight"])
+
     def test_deepspeed_module_to_bf16_in_shards(self):
         obj = deepspeed_states()
         r, got, meta = self.check_export(obj, "module", self.path("out"), "--dtype", "bf16",

@@ -51,7 +51,7 @@ int RunConvert(ConvertCliOptions o) {
     return 2;
   }
   ConvertOptions co;
-  co.to = o.dtype == "bf16" ? kernels::Half::kBFloat16 : kernels::Half::kFloat16;
+  co.to = *kernels::ParseHalf(o.dtype);  // CLI11 checked it
   co.keep = o.keep;
   co.only = o.only;
   co.keep_1d = o.keep_1d;

@@ -102,8 +102,7 @@ int RunExport(const ExportCliOptions& o) {
   eo.select = o.select;
   eo.all = o.all;
   eo.dry_run = o.dry_run;
-  if (o.dtype == "bf16") eo.to = kernels::Half::kBFloat16;
-  if (o.dtype == "fp16") eo.to = kernels::Half::kFloat16;
+  eo.to = kernels::ParseHalf(o.dtype);
   if (!o.max_shard_size.empty()) {
     try {
       eo.max_shard_size = ParseSize(o.max_shard_size);

@@ -19,7 +19,7 @@ void ConversionLoss::Add(const ConversionLoss& o) {
 }
 
 std::string ConversionLoss::Reason(Half to) const {
-  const char* name = to == Half::kBFloat16 ? "bfloat16" : "float16";
+  std::string_view name = TorchName(to);
   if (overflow) return fmt::format("{} values would become infinity in {}", overflow, name);
   if (values && all_integers && integers_changed) {
     return fmt::format("it holds whole numbers and {} of them would change in {}", integers_changed,

@@ -73,6 +73,20 @@ bool CpuHasAvx2() {
 
 }  // namespace
 
+std::optional<Half> ParseHalf(std::string_view option) {
+  if (option == "bf16") return Half::kBFloat16;
+  if (option == "fp16") return Half::kFloat16;
+  return std::nullopt;
+}
+
+std::string_view OptionName(Half h) {
+  return h == Half::kBFloat16 ? "bf16" : "fp16";
+}
+
+std::string_view TorchName(Half h) {
+  return h == Half::kBFloat16 ? "bfloat16" : "float16";
+}
+
 std::string_view KernelName(Kernel k) {
   switch (k) {
     case Kernel::kScalar:

@@ -10,12 +10,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 namespace ckpt::kernels {
 
 enum class Half { kBFloat16, kFloat16 };
+
+// The one spelling of a half type on the command line and in ckptool.toml ("bf16", "fp16"),
+// and torch's name for it ("bfloat16", "float16", as config.json's torch_dtype holds it).
+std::optional<Half> ParseHalf(std::string_view option);
+std::string_view OptionName(Half h);
+std::string_view TorchName(Half h);
 enum class Kernel { kScalar, kAvx2 };
 
 std::string_view KernelName(Kernel k);

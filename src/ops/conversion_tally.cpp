@@ -25,8 +25,7 @@ std::string ConversionTally::Warning(kernels::Half to,
   std::string text = fmt::format(
       "converting to {} changed more than rounding in {} (written converted, as --dtype asks; "
       "ckptool convert keeps such tensors float32): {}",
-      to == kernels::Half::kBFloat16 ? "bf16" : "fp16", Count(changed, "tensor"),
-      fmt::join(shown, "; "));
+      kernels::OptionName(to), Count(changed, "tensor"), fmt::join(shown, "; "));
   if (changed > shown.size()) text += fmt::format("; and {} more", changed - shown.size());
   return text;
 }

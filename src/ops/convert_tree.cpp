@@ -15,6 +15,7 @@
 #include "io/file_copy.h"
 #include "io/mapped_file.h"
 #include "io/text_file.h"
+#include "kernels/float_convert.h"
 
 namespace ckpt {
 
@@ -104,7 +105,7 @@ void CopyFile(const PathPair& job, const std::string& dtype_name) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(AsText(in.bytes()), nullptr, false);
     bool changed = false;
     if (j.is_object()) {
-      std::string torch_name = dtype_name == "bf16" ? "bfloat16" : "float16";
+      std::string torch_name(kernels::TorchName(*kernels::ParseHalf(dtype_name)));
       for (const char* key : {"torch_dtype", "dtype"}) {
         if (j.contains(key) && j[key].is_string() && j[key] != torch_name) {
           j[key] = torch_name;

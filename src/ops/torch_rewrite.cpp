@@ -84,7 +84,7 @@ void TorchRewrite::RewriteGraph() {
     // _rebuild_tensor_v3 over an UntypedStorage names the dtype itself (argument 6).
     NodeId dtype = pickle::kNil;
     if (os.convert && m.storages[t.storage].dtype == torch::DType::kUntyped) {
-      dtype = g.AddGlobal("torch", os.to == kernels::Half::kBFloat16 ? "bfloat16" : "float16");
+      dtype = g.AddGlobal("torch", kernels::TorchName(os.to));
     }
     g.SetItem(t.args, 0, outputs_[plan_.tensor_storage[j]].persid);
     g.SetItem(t.args, 1, offset);

@@ -423,8 +423,7 @@ StepOutcome RunExport(const StepContext& c) {
   }
   ExportOptions eo;
   eo.select = s.select;
-  if (s.dtype == "bf16") eo.to = kernels::Half::kBFloat16;
-  if (s.dtype == "fp16") eo.to = kernels::Half::kFloat16;
+  eo.to = kernels::ParseHalf(s.dtype);
   eo.max_shard_size = s.max_shard_size;
   eo.threads = c.threads;
   eo.exclude_frozen = s.exclude_frozen;

@@ -286,7 +286,7 @@ void ReadConvert(Reader& r, const toml::table& t, const toml::source_region& at,
   if (!t.contains("dtype")) r.Problem(at, "convert.dtype", "missing: \"bf16\" or \"fp16\"");
   if (auto v = s.String("dtype", {"bf16", "fp16"})) {
     x.dtype_name = *v;
-    x.dtype = *v == "bf16" ? kernels::Half::kBFloat16 : kernels::Half::kFloat16;
+    x.dtype = *kernels::ParseHalf(*v);
   }
   if (auto v = s.Globs("keep")) x.keep = *v;
   if (auto v = s.Globs("only")) x.only = *v;

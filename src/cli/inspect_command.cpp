@@ -83,7 +83,7 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
         } catch (const InputChanged&) {
           throw;
         } catch (const Error& e) {
-          PrintError(held.view->Rename(e.what(), path));
+          PrintError(held.view->Rename(e.what(), path + ": "));
           rc = 1;
         }
       };
@@ -209,7 +209,7 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
             } catch (const InputChanged&) {
               throw;
             } catch (const Error& e) {  // reported like a file inspect cannot read
-              std::string what = held.view->Rename(e.what(), path);
+              std::string what = held.view->Rename(e.what(), path + ": ");
               PrintError(what);
               j.Value({{"path", held.Name(path, f)}, {"error", what}});
               rc = 1;

@@ -89,13 +89,24 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
         } catch (const Error& e) {
           std::string what = e.what();
           if (what.starts_with(inside.path + ": ")) what = what.substr(inside.path.size() + 2);
-          out.problems.push_back({rel, view->Rename(what, path)});
+          // A message naming another path inside (a ZeRO tag folder): that path is its place.
+          std::string renamed = view->Rename(what, "");
+          size_t colon = renamed.find(": ");
+          if (renamed != what && colon != std::string::npos) {
+            out.problems.push_back({renamed.substr(0, colon), renamed.substr(colon + 2)});
+          } else {
+            out.problems.push_back({rel, renamed});
+          }
         }
       };
       for (const std::string& f : held) check({Item::kFile, f});
+      // A DeepSpeed ZeRO folder: its partitions must also add up, as verify of the folder says.
+      bool zero = deepspeed::LooksLikeZeroCheckpoint(view->root());
+      if (zero) check({Item::kZero, view->root()});
       for (const std::string& d : dcp_folders) check({Item::kDcp, d});
-      out.ok += fmt::format("; {} inside verified as restored)",
-                            Count(held.size() + dcp_folders.size(), "checkpoint"));
+      out.ok += fmt::format("; {} inside verified as restored{})",
+                            Count(held.size() + dcp_folders.size(), "checkpoint"),
+                            zero ? ", the ZeRO partitions add up" : "");
       return out;
     }
     case Item::kFile: {

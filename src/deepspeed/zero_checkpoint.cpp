@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -206,10 +207,29 @@ std::vector<std::string> Matching(const std::string& folder, std::string_view su
 
 }  // namespace
 
+namespace {
+
+// DeepSpeed's `latest`: a small text file holding the tag folder's name. A file of that name
+// that is anything else (a symlink to a model file, say) is no ZeRO marker: nullopt.
+std::optional<std::string> LatestTag(const fs::path& root) {
+  std::error_code ec;
+  fs::path latest = root / "latest";
+  if (!fs::is_regular_file(latest, ec)) return std::nullopt;
+  uintmax_t size = fs::file_size(latest, ec);
+  if (ec || size > 4096) return std::nullopt;
+  std::string tag = ReadMarkerFile(latest.string());
+  for (unsigned char c : tag) {
+    if (c < 0x20 || c == 0x7F || c == '/') return std::nullopt;
+  }
+  return tag;  // "" when empty: OpenZeroCheckpoint says so
+}
+
+}  // namespace
+
 bool LooksLikeZeroCheckpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return false;
-  if (fs::is_regular_file(fs::path(path) / "latest", ec)) return true;
+  if (LatestTag(path)) return true;
   return !Matching(path, "_optim_states.pt").empty();
 }
 
@@ -220,8 +240,8 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   fs::path root(path);
   if (!tag.empty()) {
     z.tag = tag;
-  } else if (fs::is_regular_file(root / "latest", ec)) {
-    z.tag = ReadMarkerFile((root / "latest").string());
+  } else if (std::optional<std::string> latest = LatestTag(root)) {
+    z.tag = *latest;
     if (z.tag.empty()) Fail("{}: the 'latest' file is empty", (root / "latest").string());
   } else if (!Matching(path, "_optim_states.pt").empty()) {
     z.tag = root.filename().string();

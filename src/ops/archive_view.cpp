@@ -31,9 +31,9 @@ std::string ArchiveView::Relative(const std::string& path) const {
   return fs::path(path).lexically_relative(base).string();
 }
 
-std::string ArchiveView::Rename(std::string text, const std::string& archive) const {
+std::string ArchiveView::Rename(std::string text, const std::string& prefix) const {
   const std::string from = fs::path(root()).parent_path().string() + "/";
-  const std::string to = archive + ": ";
+  const std::string& to = prefix;
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
     text.replace(at, from.size(), to);
   return text;

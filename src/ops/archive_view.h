@@ -25,9 +25,9 @@ class ArchiveView {
   // A path below root() as the archive names it ("model.pt", "run/rank0.pt").
   std::string Relative(const std::string& path) const;
   const ckz::Skeleton& skeleton() const { return *skeleton_; }
-  // `text` (an error message) with every path in the temp folder written as
-  // "<archive>: <path inside>".
-  std::string Rename(std::string text, const std::string& archive) const;
+  // `text` (an error message) with the temp folder's prefix of every path in it replaced by
+  // `prefix` ("model.pt.ckz: " gives "model.pt.ckz: model.pt"; "" leaves the path inside).
+  std::string Rename(std::string text, const std::string& prefix) const;
   // The checkpoints held, by content (ops/discovery.h): files, and DCP folders into `dcp`.
   // An archive of a file that is no checkpoint holds none.
   std::vector<std::string> Checkpoints(std::vector<std::string>* dcp) const;

@@ -498,6 +498,22 @@ class InspectAndVerifyArchives(CkptTestCase):
         self.assertIn("2 checkpoints inside verified as restored", r.stdout)
         self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
 
+    def test_verify_of_a_zero_folder_archive_checks_the_partitions(self):
+        import zero_fixtures as zf
+        root = self.path("zero2")
+        zf.make_zero_checkpoint(root, 2, 2)
+        run("compress", "-q", root)
+        r = run("verify", root + ".ckz")
+        self.assertIn("the ZeRO partitions add up", r.stdout)
+        # Without rank 1's optimizer file the partitions no longer add up: not OK.
+        optim = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                 if f.endswith("optim_states.pt")]
+        os.remove(sorted(optim)[-1])
+        run("compress", "-q", "-f", root)
+        r = run("verify", root + ".ckz", expect=1)
+        self.assertIn("zero2.ckz: zero2", r.stdout + r.stderr)
+        self.assertNotIn("ckptool-tmp", r.stdout + r.stderr)
+
     def test_inspect_of_an_archive_reports_what_it_holds(self):
         src = self.path("model.pt")
         torch.save({"model": state_dict(1 << 14, torch.float32), "step": 7}, src)

@@ -169,6 +169,21 @@ class ExportTest(CkptTestCase):
         self.assertEqual(meta, {"format": "pt", "lm_head.weight": "transformer.wte.weight"})
         self.assertEqual(sorted(tensors), ["h.0.bias", "transformer.wte.weight"])
 
+    def test_a_latest_link_to_a_model_file_is_no_deepspeed_marker(self):
+        # DeepSpeed's `latest` is a small text file naming the tag folder; a `latest` symlink to
+        # a model file (a common convention) must not make the folder a ZeRO checkpoint.
+        folder = self.path("run")
+        os.makedirs(folder)
+        model, _, _ = trained(3)
+        torch.save(model.state_dict(), os.path.join(folder, "step-10.pt"))
+        os.symlink("step-10.pt", os.path.join(folder, "latest"))
+        r = run("verify", folder)
+        self.assertIn("step-10.pt: OK", r.stdout)
+        run("inspect", folder)
+        run("export", folder, "-o", self.path("out"))
+        meta, tensors = read_safetensors(self, self.path("out/model.safetensors"))
+        self.assertEqual(set(tensors), set(model.state_dict()))
+
     def test_deepspeed_module_to_bf16_in_shards(self):
         obj = deepspeed_states()
         r, got, meta = self.check_export(obj, "module", self.path("out"), "--dtype", "bf16",

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "io/folders.h"
 #include "io/positioned_io.h"
 #include "io/temp_files.h"
 
@@ -76,11 +77,7 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   out.final_path_ = ReplacedFile(path, &out.replaces_);
   const std::string& final_path = out.final_path_;
   // Every command creates the folders an output needs, as `mkdir -p` would.
-  if (std::string dir = DirOf(final_path); !dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) FailErrno(path, fmt::format("cannot create the folder {}", dir), ec.value());
-  }
+  CreateFolders(DirOf(final_path), path);
   RemoveStaleTempFiles(final_path);  // first: a killed run's temp file may hold the space
   uint64_t free_bytes = FreeSpaceFor(final_path);
   if (free_bytes < size) {

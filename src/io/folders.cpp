@@ -1,11 +1,17 @@
 #include "io/folders.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
+
+#include "base/error.h"
 
 namespace ckpt {
 
@@ -14,6 +20,16 @@ void SyncFolder(const std::string& path) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
+}
+
+void CreateFolders(const std::string& dir, const std::string& for_path) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) return;
+  if (ec.value() == ENOSPC || ec.value() == EDQUOT)
+    Fail("{}: cannot create the folder {}: no space left on device", for_path, dir);
+  Fail("{}: cannot create the folder {}: {}", for_path, dir, std::strerror(ec.value()));
 }
 
 TempFolder::TempFolder(TempFolder&& other) noexcept

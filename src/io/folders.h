@@ -11,6 +11,10 @@ namespace ckpt {
 // (some file systems cannot open a folder for fsync).
 void SyncFolder(const std::string& path);
 
+// Creates `dir` and the folders above it, as `mkdir -p` does, for the output `for_path`.
+// Throws ckpt::Error("<for_path>: cannot create the folder <dir>: <reason>").
+void CreateFolders(const std::string& dir, const std::string& for_path);
+
 // Removes a temp folder (and what is in it) on the way out unless `keep` was set.
 struct TempFolder {
   std::string path;

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
                                                const std::string& parent, unsigned threads) {
   std::unique_ptr<ArchiveView> v(new ArchiveView());
-  fs::create_directories(parent);
+  CreateFolders(parent, archive);
   RemoveStaleTempsIn(parent);
   v->folder_.path = TempPathFor((fs::path(parent) / "archive").string());
   fs::create_directory(v->folder_.path);

@@ -645,9 +645,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
   if (!a.map().path().empty() && a.map().stamp().ChangedOnDisk())
     Fail("{}: the archive changed on disk", a.name());
   // Like every writer, the folders above the output are created as `mkdir -p` would.
-  if (std::error_code ec; fs::create_directories(dest_path.parent_path(), ec), ec)
-    Fail("{}: cannot create the folder {}: {}", dest, dest_path.parent_path().string(),
-         ec.message());
+  CreateFolders(dest_path.parent_path().string(), dest);
   TempFolder tmp{TempPathFor(dest_path.string())};
   RemoveStaleTempFiles(dest_path.string());
   if (::mkdir(tmp.path.c_str(), 0700) != 0) FailErrno(tmp.path, "cannot create the folder");

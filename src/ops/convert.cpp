@@ -237,7 +237,7 @@ ConvertResult ConvertSafetensors(CheckpointFile& f, const std::string& output,
       std::string why = selected[i] ? loss[i].Reason(o.to) : "";
       if (selected[i] && (why.empty() || o.lossy)) {
         p.convert = true;
-        p.out.dtype = o.to == kernels::Half::kBFloat16 ? "BF16" : "F16";
+        p.out.dtype = torch::Info(torch::DTypeOf(o.to)).safetensors;
         p.out.size /= 2;
         r.converted++;
         if (!why.empty()) r.lost_precision.push_back(e.name + ": " + why);

@@ -105,22 +105,17 @@ void ToFloat32(DType from, const uint8_t* src, float* dst, size_t n) {
   }
 }
 
-std::optional<kernels::Half> HalfOf(DType d) {
-  if (d == DType::kBFloat16) return kernels::Half::kBFloat16;
-  if (d == DType::kFloat16) return kernels::Half::kFloat16;
-  return std::nullopt;
-}
-
 }  // namespace
 
 bool CanConvert(DType from, DType to) {
   if (from == to) return true;
   if (to == DType::kFloat32) return Widens(from);
   // One rounding only: float64 would round twice on its way through float32.
-  return HalfOf(to) && Widens(from) && from != DType::kFloat64;
+  return torch::HalfOf(to) && Widens(from) && from != DType::kFloat64;
 }
 
-uint32_t WriteConverted(AtomicOutput& out, uint64_t dst, Bytes src, DType from, DType to) {
+uint32_t WriteConverted(AtomicOutput& out, uint64_t dst, Bytes src, DType from, DType to,
+                        kernels::ConversionLoss* loss) {
   if (from == to) return WritePiece(out, dst, src, std::nullopt, nullptr);
   if (!CanConvert(from, to)) Fail("cannot convert {} to {}", torch::Name(from), torch::Name(to));
   if (from != DType::kFloat32) {
@@ -130,7 +125,7 @@ uint32_t WriteConverted(AtomicOutput& out, uint64_t dst, Bytes src, DType from, 
     ToFloat32(from, src.data(), wide.data(), n);
     src = Bytes(reinterpret_cast<const uint8_t*>(wide.data()), n * 4);
   }
-  return WritePiece(out, dst, src, HalfOf(to), nullptr);
+  return WritePiece(out, dst, src, torch::HalfOf(to), nullptr, 0, loss);
 }
 
 }  // namespace ckpt

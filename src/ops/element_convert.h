@@ -8,6 +8,7 @@
 
 #include "base/byte_cursor.h"
 #include "io/atomic_output.h"
+#include "kernels/conversion_loss.h"
 #include "torch/dtype.h"
 
 namespace ckpt {
@@ -16,8 +17,9 @@ namespace ckpt {
 bool CanConvert(torch::DType from, torch::DType to);
 
 // Writes the elements in `src` (stored as `from`) at `dst` as `to`; returns the CRC32 of the
-// bytes written (src.size() / size(from) * size(to) of them).
+// bytes written (src.size() / size(from) * size(to) of them). With `loss`, a narrowing to a
+// half type adds what it did to the values (ops/piece_writer.h).
 uint32_t WriteConverted(AtomicOutput& out, uint64_t dst, Bytes src, torch::DType from,
-                        torch::DType to);
+                        torch::DType to, kernels::ConversionLoss* loss = nullptr);
 
 }  // namespace ckpt

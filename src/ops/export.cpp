@@ -215,26 +215,22 @@ namespace {
 // would be, every tensor byte decoded from the archive's chunks as it is written and its
 // chunk's CRC32 checked. The views are dropped and their temp folders removed whatever
 // happens.
-bool AnyArchive(const std::vector<std::string>& sources) {
-  for (const std::string& s : sources) {
-    std::error_code ec;
-    if (fs::is_regular_file(s, ec) && ckz::IsArchiveFile(s)) return true;
-  }
-  return false;
+bool IsArchiveSource(const std::string& s) {
+  std::error_code ec;
+  return fs::is_regular_file(s, ec) && ckz::IsArchiveFile(s);
 }
 
 }  // namespace
 
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
-  if (AnyArchive(sources)) {
+  if (std::any_of(sources.begin(), sources.end(), IsArchiveSource)) {
     fs::path out = fs::absolute(to).lexically_normal();
     if (!out.has_filename()) out = out.parent_path();  // "out/"
     std::vector<std::unique_ptr<ArchiveView>> views;
     std::vector<std::string> opened;
     for (const std::string& s : sources) {
-      std::error_code ec;
-      if (!fs::is_regular_file(s, ec) || !ckz::IsArchiveFile(s)) {
+      if (!IsArchiveSource(s)) {
         opened.push_back(s);
         continue;
       }
@@ -317,8 +313,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.size = e.end - e.begin;
         if (o.to && *dtype == torch::DType::kFloat32) {
           it.convert = true;
-          it.dtype =
-              *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+          it.dtype = torch::DTypeOf(*o.to);
           it.size /= 2;
         }
         claim(it.name, fi);
@@ -377,8 +372,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.size = t.numel * torch::ElementSize(t.dtype);
         if (o.to && t.dtype == torch::DType::kFloat32) {
           it.convert = true;
-          it.dtype =
-              *o.to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+          it.dtype = torch::DTypeOf(*o.to);
           it.size /= 2;
         }
         items.push_back(it);

@@ -18,10 +18,6 @@ namespace {
 
 using torch::DType;
 
-kernels::Half HalfOf(DType t) {
-  return t == DType::kBFloat16 ? kernels::Half::kBFloat16 : kernels::Half::kFloat16;
-}
-
 // Writes output bytes [offset, offset + length) of `t` (as `to`) at `dst`; returns their CRC.
 uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_t dst,
                     uint64_t offset, uint64_t length, kernels::ConversionLoss* loss) {
@@ -32,8 +28,7 @@ uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_
   t.read(offset / out_size, length / out_size, [&](Bytes span) {
     for (uint64_t at = 0; at < span.size();) {
       uint64_t n = std::min<uint64_t>(span.size() - at, kStep / in_size * in_size);
-      if (loss) loss->Add(kernels::MeasureLoss(HalfOf(to), span.data() + at, n / 4));
-      uint32_t c = WriteConverted(out, dst + written, span.subspan(at, n), t.stored, to);
+      uint32_t c = WriteConverted(out, dst + written, span.subspan(at, n), t.stored, to, loss);
       uint64_t w = n / in_size * out_size;
       crc = written ? Crc32Combine(crc, c, w) : c;
       written += w;
@@ -47,7 +42,7 @@ uint32_t WriteRange(const LogicalTensor& t, DType to, AtomicOutput& out, uint64_
 void AddConversionWarning(const ConversionTally& tally, const LogicalModel& m,
                           std::optional<DType> half, ExportResult& r) {
   if (!half) return;
-  std::string w = tally.Warning(HalfOf(*half), [&](size_t i) { return m.tensors[i].name; });
+  std::string w = tally.Warning(*torch::HalfOf(*half), [&](size_t i) { return m.tensors[i].name; });
   if (!w.empty()) r.warnings.push_back(std::move(w));
 }
 
@@ -65,7 +60,7 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   r.selected = m.description;
   r.warnings = m.warnings;
   std::optional<DType> half;
-  if (o.to) half = *o.to == kernels::Half::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  if (o.to) half = torch::DTypeOf(*o.to);
   std::vector<TensorSource> outputs;
   outputs.reserve(m.tensors.size());
   std::set<std::string_view> written;

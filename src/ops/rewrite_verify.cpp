@@ -61,7 +61,7 @@ void TorchRewrite::ReleaseTensorRows() {
     const PlannedStorage* os = x.storage >= 0 ? &plan_.storages[plan_.tensor_storage[j]] : nullptr;
     torch::DType dtype = x.dtype;
     if (os != nullptr && os->convert) {
-      dtype = os->to == kernels::Half::kBFloat16 ? torch::DType::kBFloat16 : torch::DType::kFloat16;
+      dtype = torch::DTypeOf(os->to);
     }
     e.row = RowDigest(x.names, dtype, x.shape, stride, x.requires_grad, x.kind);
     e.has_storage = os != nullptr;

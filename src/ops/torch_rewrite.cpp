@@ -54,8 +54,7 @@ void TorchRewrite::RewriteGraph() {
     uint64_t out_es = torch::ElementSize(src.dtype);
     if (s.convert) {
       if (src.dtype == torch::DType::kFloat32) {
-        cls = g.AddGlobal("torch",
-                          s.to == kernels::Half::kBFloat16 ? "BFloat16Storage" : "HalfStorage");
+        cls = g.AddGlobal("torch", torch::Info(torch::DTypeOf(s.to)).storage_class);
         out_es = 2;
       } else if (src.dtype != torch::DType::kUntyped) {
         Fail("internal: converting a {} storage", torch::Name(src.dtype));

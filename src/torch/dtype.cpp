@@ -113,4 +113,14 @@ std::optional<std::vector<int64_t>> TorchShape(DType d, const std::vector<int64_
   return out;
 }
 
+DType DTypeOf(kernels::Half h) {
+  return h == kernels::Half::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+std::optional<kernels::Half> HalfOf(DType d) {
+  if (d == DType::kBFloat16) return kernels::Half::kBFloat16;
+  if (d == DType::kFloat16) return kernels::Half::kFloat16;
+  return std::nullopt;
+}
+
 }  // namespace ckpt::torch

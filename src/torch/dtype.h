@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/float_convert.h"
+
 namespace ckpt::torch {
 
 enum class DType : uint8_t {
@@ -52,6 +54,10 @@ struct DTypeInfo {
   std::string_view storage_class;  // "FloatStorage", or "" when saved as UntypedStorage
   std::string_view safetensors;    // "F32", or "" when safetensors has no such dtype
 };
+
+// The torch dtype of a half type, and the half type of a dtype (nullopt for any other).
+DType DTypeOf(kernels::Half h);
+std::optional<kernels::Half> HalfOf(DType d);
 
 const DTypeInfo& Info(DType dtype);
 inline std::string_view Name(DType d) {

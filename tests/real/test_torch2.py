@@ -368,6 +368,13 @@ def views_of_big_storages():
 class TensorFileTest(TempDirTest):
     """State dicts torch.save writes, every command, loaded back with weights_only and mmap."""
 
+    def setUp(self):
+        super().setUp()
+        # Fixed weights: with an unseeded init, a 64-value layer now and then holds one value
+        # below float16's normal range, and convert then keeps that layer float32 (one of 64
+        # is more than the 1% its rule allows), which the fp16 assertions would read as a bug.
+        torch.manual_seed(0)
+
     def save(self, name, obj, **kw):
         p = self.path(name)
         torch.save(obj, p, **kw)

@@ -144,6 +144,15 @@ def worker(rank, port, out, mode, stage, dtype, align, spec):  # noqa: PLR0913
     import torch
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=180))
+    work(rank, out, mode, stage, dtype, align, spec)
+    # Every rank waits for the others, then tears gloo down while the interpreter is alive: a
+    # process that exits with the group still up can abort in gloo's worker threads at
+    # finalisation ("terminate called without an active exception", pytorch issue 190489).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def work(rank, out, mode, stage, dtype, align, spec):  # noqa: PLR0913
     if mode == "train":
         eng = engine(stage, dtype, align)
         first = train(eng, 0, STEPS, rank)

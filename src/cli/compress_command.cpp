@@ -144,7 +144,7 @@ int RunCompress(const CompressCliOptions& o) {
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   uint64_t before = 0, after = 0;
-  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
+  bool progress_on = ProgressWanted(!o.json && !o.quiet) && !cluster::Distributed();
   auto report = [&](const CompressResult& r) {
     before += r.before;
     after += r.after;
@@ -211,7 +211,7 @@ int RunDecompress(const DecompressCliOptions& o) {
   for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
   Spread spread(o.paths, sizes);
   uint64_t total = 0;
-  bool progress_on = !o.json && !o.quiet && StderrIsTerminal() && !cluster::Distributed();
+  bool progress_on = ProgressWanted(!o.json && !o.quiet) && !cluster::Distributed();
   for (size_t i : spread.mine()) {
     if (!progress_on) break;
     try {

@@ -91,7 +91,7 @@ int RunConvert(ConvertCliOptions o) {
   }
   std::vector<std::string> inputs;
   for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
-  Batch batch(inputs, o.threads, "convert", !o.json && StderrIsTerminal());
+  Batch batch(inputs, o.threads, "convert", ProgressWanted(!o.json));
   co.threads = batch.threads_per_file();
   co.bytes_done = batch.bytes_done();
   std::vector<ConvertResult> results(tree.checkpoints.size());

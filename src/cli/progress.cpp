@@ -10,8 +10,16 @@
 
 namespace ckpt::cli {
 
-bool StderrIsTerminal() {
-  return ::isatty(STDERR_FILENO) == 1;
+namespace {
+ProgressObserver g_observer;
+}  // namespace
+
+void SetProgressObserver(ProgressObserver observer) {
+  g_observer = std::move(observer);
+}
+
+bool ProgressWanted(bool text_output) {
+  return g_observer || (text_output && ::isatty(STDERR_FILENO) == 1);
 }
 
 Progress::Progress(std::string label, uint64_t total, bool enabled)
@@ -23,7 +31,11 @@ Progress::~Progress() {
   stop_ = true;
   if (thread_.joinable()) {
     thread_.join();
-    std::fputs("\r\033[K", stderr);
+    if (g_observer) {
+      g_observer(label_, files_.load(), done_.load(), total_);
+    } else {
+      std::fputs("\r\033[K", stderr);
+    }
   }
 }
 
@@ -34,6 +46,10 @@ void Progress::Loop() {
     std::this_thread::sleep_for(150ms);  // about 6 refreshes a second, as zstd does
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     uint64_t done = done_;
+    if (g_observer) {
+      g_observer(label_, files_.load(), done, total_);
+      continue;
+    }
     std::string line = fmt::format("\r{}: {} files done, {} / {} ({:.0f} MiB/s)\033[K", label_,
                                    files_.load(), HumanBytes(done), HumanBytes(total_),
                                    secs > 0 ? static_cast<double>(done) / (1 << 20) / secs : 0.0);

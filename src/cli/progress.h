@@ -1,8 +1,10 @@
-// A rate-limited progress line on stderr, shown only when stderr is a terminal.
+// A rate-limited progress line on stderr, shown only when stderr is a terminal, or reported
+// to an observer (the Python package's progress callbacks).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -28,7 +30,14 @@ class Progress {
   std::thread thread_;
 };
 
-// True when stderr is an interactive terminal.
-bool StderrIsTerminal();
+// Whether a command shows progress: to an observer when one is set, else on stderr when
+// `text_output` (no --json, -q...) and stderr is an interactive terminal.
+bool ProgressWanted(bool text_output);
+
+// Receives (label, files done, bytes done, bytes total) about 6 times a second while a
+// command with progress runs, on a thread of its own, instead of the line on stderr. Empty:
+// none. Set it before the command starts.
+using ProgressObserver = std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>;
+void SetProgressObserver(ProgressObserver observer);
 
 }  // namespace ckpt::cli

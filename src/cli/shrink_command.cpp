@@ -143,7 +143,7 @@ int RunShrink(ShrinkCliOptions o) {
     PrintError("no torch checkpoints found");
     return 1;
   }
-  Batch batch(files, o.threads, "shrink", !o.json && !o.dry_run && StderrIsTerminal());
+  Batch batch(files, o.threads, "shrink", ProgressWanted(!o.json && !o.dry_run));
   ShrinkOptions so;
   so.dry_run = o.dry_run;
 

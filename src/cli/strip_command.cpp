@@ -97,7 +97,7 @@ int RunStrip(StripCliOptions o) {
   // thread.
   const size_t plain_files = files.size();
   files.insert(files.end(), targets.dcp_folders.begin(), targets.dcp_folders.end());
-  Batch batch(files, o.threads, "strip", !o.json && !o.dry_run && StderrIsTerminal(), plain_files);
+  Batch batch(files, o.threads, "strip", ProgressWanted(!o.json && !o.dry_run), plain_files);
   so.threads = batch.threads_per_file();
   StripOptions dso = so;
   dso.threads = o.threads;

@@ -75,6 +75,10 @@ bool IsTempFileName(std::string_view name) {
   return name.find(kMarker) != std::string_view::npos;
 }
 
+void KeepCallersSignalHandlers() {
+  g_installed.store(true);
+}
+
 void InstallInterruptHandlers() {
   if (g_installed.exchange(true)) return;
   struct sigaction sa {};

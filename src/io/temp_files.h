@@ -17,6 +17,10 @@ bool IsTempFileName(std::string_view name);
 // Installs the handlers once; later calls do nothing. SIGBUS (a mapped input truncated by
 // another process) also removes temp files and exits with a clear message.
 void InstallInterruptHandlers();
+// For a process that embeds the engine (the Python package) and keeps its own signal
+// handling: InstallInterruptHandlers then does nothing. An interrupt is the embedder's to
+// handle; outputs are still only ever put in place whole.
+void KeepCallersSignalHandlers();
 // Something is about to change in place (a deletion): an interrupt no longer says "nothing was
 // changed". Every temp file registered counts as such a change too.
 void NoteChanging();

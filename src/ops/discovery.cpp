@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <system_error>
 
 #include "base/error.h"
@@ -10,6 +12,8 @@
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "io/temp_files.h"
+#include "ops/training_state.h"
+#include "safetensors/shard_index.h"
 
 namespace ckpt {
 
@@ -67,6 +71,44 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
     out.insert(out.end(), found.begin(), found.end());
   }
   return out;
+}
+
+std::vector<std::string> ModelFilesIn(const std::string& folder, bool all) {
+  std::vector<std::string> safetensors, torch_files;
+  std::set<std::string> indexed;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    std::error_code ec;
+    if (e.is_symlink(ec) || !e.is_regular_file(ec)) continue;
+    std::string path = e.path().string(), name = e.path().filename().string();
+    if (name.ends_with(".index.json")) {
+      for (const std::string& shard : safetensors::WeightMapFiles(path)) {
+        indexed.insert((fs::path(folder) / shard).string());
+      }
+      continue;
+    }
+    if (!all && (IsTrainingOnlyFile(path) || name == "training_args.bin")) continue;
+    MappedFile m = MappedFile::Open(path);
+    std::optional<Format> f = DetectFormat(m.bytes());
+    if (!f) continue;
+    (*f == Format::kSafetensors ? safetensors : torch_files).push_back(path);
+  }
+  std::vector<std::string> found;
+  if (!indexed.empty()) {
+    found.assign(indexed.begin(), indexed.end());
+    if (all) {  // the training files beside the model's shards
+      for (const std::string& t : torch_files) {
+        if (!indexed.count(t) && IsTrainingOnlyFile(t)) found.push_back(t);
+      }
+    }
+  } else if (!safetensors.empty()) {
+    found = safetensors;
+    if (all) found.insert(found.end(), torch_files.begin(), torch_files.end());
+  } else {
+    found = torch_files;
+  }
+  std::sort(found.begin(), found.end());
+  if (found.empty()) Fail("{}: no model files in this folder", folder);
+  return found;
 }
 
 }  // namespace ckpt

@@ -17,4 +17,11 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
                                       std::vector<std::string>* skipped = nullptr,
                                       std::vector<std::string>* dcp_folders = nullptr);
 
+// The model's files in a folder (a Hugging Face model or checkpoint folder, a folder of
+// shards): those an index (*.index.json with a weight_map) names, else the safetensors files,
+// else the torch files; training-only files (optimizer.pt, rng_state.pth...) and
+// training_args.bin only with `all`; links (Lightning's last.ckpt) never: they repeat a file.
+// Sorted. Throws ckpt::Error when there are none.
+std::vector<std::string> ModelFilesIn(const std::string& folder, bool all);
+
 }  // namespace ckpt

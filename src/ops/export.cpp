@@ -30,12 +30,12 @@
 #include "ops/compress.h"
 #include "ops/conversion_tally.h"
 #include "ops/dcp_export.h"
+#include "ops/discovery.h"
 #include "ops/logical_export.h"
 #include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
 #include "ops/training_state.h"
 #include "ops/zero_export.h"
-#include "safetensors/shard_index.h"
 #include "torch/global_policy.h"
 #include "torch/tensor_bytes.h"
 
@@ -55,48 +55,6 @@ struct ExportedTensor {
   uint64_t size = 0;  // bytes written
   uint32_t crc = 0;
 };
-
-// The model's files in a folder (a Hugging Face model or checkpoint folder, a folder of
-// shards): those an index (*.index.json with a weight_map) names, else the safetensors files,
-// else the torch files; training-only files (optimizer.pt, rng_state.pth...) and
-// training_args.bin only with `all`; links (Lightning's last.ckpt) never: they repeat a file.
-std::vector<std::string> ModelFilesIn(const std::string& folder, bool all) {
-  std::vector<std::string> safetensors, torch_files;
-  std::set<std::string> indexed;
-  for (const auto& e : fs::directory_iterator(folder)) {
-    std::error_code ec;
-    if (e.is_symlink(ec) || !e.is_regular_file(ec)) continue;
-    std::string path = e.path().string(), name = e.path().filename().string();
-    if (name.ends_with(".index.json")) {
-      for (const std::string& shard : safetensors::WeightMapFiles(path)) {
-        indexed.insert((fs::path(folder) / shard).string());
-      }
-      continue;
-    }
-    if (!all && (IsTrainingOnlyFile(path) || name == "training_args.bin")) continue;
-    MappedFile m = MappedFile::Open(path);
-    std::optional<Format> f = DetectFormat(m.bytes());
-    if (!f) continue;
-    (*f == Format::kSafetensors ? safetensors : torch_files).push_back(path);
-  }
-  std::vector<std::string> found;
-  if (!indexed.empty()) {
-    found.assign(indexed.begin(), indexed.end());
-    if (all) {  // the training files beside the model's shards
-      for (const std::string& t : torch_files) {
-        if (!indexed.count(t) && IsTrainingOnlyFile(t)) found.push_back(t);
-      }
-    }
-  } else if (!safetensors.empty()) {
-    found = safetensors;
-    if (all) found.insert(found.end(), torch_files.begin(), torch_files.end());
-  } else {
-    found = torch_files;
-  }
-  std::sort(found.begin(), found.end());
-  if (found.empty()) Fail("{}: no model files in this folder", folder);
-  return found;
-}
 
 std::vector<std::string> SourceFiles(const std::vector<std::string>& sources, bool all) {
   std::vector<std::string> files;

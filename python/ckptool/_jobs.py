@@ -1,0 +1,149 @@
+"""Every ckptool command as a function: the command line's own code runs in this process
+(ckptool._core.run), so options and behaviour are exactly the CLI's. Keyword arguments are its
+options (output_dir="x" is --output-dir x, force=True is --force, patterns=["a", "b"] is
+--patterns a b); the result is its --json report."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Callable, Iterable, List, Optional
+
+from . import _core
+from ._errors import CheckpointError, Error, JobFailed, UsageError
+
+ProgressCallback = Callable[[str, int, int, int], None]
+
+
+class CheckpointWarning(UserWarning):
+    """What a command warned about (a conversion that lost precision, a file left behind)."""
+
+
+class Result:
+    """What a job did: `report` is its JSON report (a dict, or a list for commands that print
+    one object per action); its keys also read as attributes (result.files). `ok` is False
+    when verify or inspect found problems; `warnings` the command's warnings."""
+
+    def __init__(self, command: str, exit_code: int, report: Any, warnings_: List[str],
+                 text: str):
+        self.command = command
+        self.exit_code = exit_code
+        self.ok = exit_code == 0
+        self.report = report
+        self.warnings = warnings_
+        self.text = text
+
+    def __getitem__(self, key):
+        return self.report[key]
+
+    def __getattr__(self, name: str):
+        report = self.__dict__.get("report")
+        if isinstance(report, dict) and name in report:
+            return report[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"<ckptool.Result {self.command} ok={self.ok}>"
+
+
+def _flag(key: str) -> str:
+    return ("-" if len(key) == 1 else "--") + key.replace("_", "-")
+
+
+def _args(command: str, paths: Iterable[Any], options: dict) -> List[str]:
+    args = [command] + [os.fspath(p) for p in paths]
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(_flag(key))
+        elif isinstance(value, (list, tuple)):
+            args.append(_flag(key))
+            args.extend(os.fspath(v) if isinstance(v, os.PathLike) else str(v) for v in value)
+        else:
+            args += [_flag(key), os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    if "--json" not in args:
+        args.append("--json")
+    return args
+
+
+def _report(stdout: str) -> Any:
+    text = stdout.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        try:
+            return [json.loads(ln) for ln in lines]  # one object per line (apply, watch)
+        except ValueError:
+            return None
+
+
+_REPORTS_PROBLEMS = {"verify", "inspect"}  # exit 1 means "found problems": a result
+
+
+def run(command: str, *paths: Any, progress: Optional[ProgressCallback] = None,
+        **options: Any) -> Result:
+    """Runs `ckptool COMMAND PATHS... --OPTIONS` in this process and returns its Result;
+    raises UsageError (exit 2) or JobFailed (exit 1; verify and inspect return a Result with
+    ok=False instead when they found problems)."""
+    rc, out, err = _core.run(_args(command, paths, options), progress)
+    stdout = out.decode("utf-8", "replace")
+    stderr = err.decode("utf-8", "replace")
+    errors, warns = [], []
+    for line in stderr.splitlines():
+        if line.startswith("ckptool: error: "):
+            errors.append(line[len("ckptool: error: "):])
+        elif line.startswith("ckptool: warning: "):
+            warns.append(line[len("ckptool: warning: "):])
+    for w in warns:
+        warnings.warn(w, CheckpointWarning, stacklevel=3)
+    report = _report(stdout)
+    result = Result(command, rc, report, warns, stdout)
+    first = os.fspath(paths[0]) if paths else None
+    if rc == 0 or (rc == 1 and command in _REPORTS_PROBLEMS and report is not None):
+        return result
+    message = "; ".join(errors) or stderr.strip() or f"ckptool {command} exited with {rc}"
+    if rc == 2:
+        raise UsageError(message, first)
+    if rc == 1:
+        raise JobFailed(message, first, result)
+    raise Error(message, first)
+
+
+def _help(command: str) -> str:
+    rc, out, _ = _core.run(["help", command])
+    return out.decode("utf-8", "replace") if rc == 0 else ""
+
+
+def _make(command: str, what: str) -> Callable[..., Result]:
+    def job(*paths: Any, progress: Optional[ProgressCallback] = None, **options: Any) -> Result:
+        return run(command, *paths, progress=progress, **options)
+
+    job.__name__ = job.__qualname__ = command
+    job.__doc__ = (
+        f"{what}\n\nckptool.{command}(*paths, progress=None, **options) runs `ckptool "
+        f"{command}` in this process: keyword arguments are its options (output_dir='x' is "
+        f"--output-dir x, force=True is --force, a list gives several values); `progress`, "
+        f"if given, is called as progress(label, files_done, bytes_done, bytes_total) while "
+        f"it runs. Returns a ckptool.Result (its JSON report); raises ckptool.UsageError or "
+        f"ckptool.JobFailed.\n\nThe command's options:\n\n{_help(command)}")
+    return job
+
+
+inspect = _make("inspect", "Account for every byte of checkpoints: tensors, storages, globals.")
+verify = _make("verify", "Check CRCs, structure, views and pickle safety; result.ok is False "
+               "on any problem.")
+shrink = _make("shrink", "Drop storage bytes no tensor uses (in place, or to output_dir).")
+convert = _make("convert", "Store float32 tensors as bf16 or fp16 (training state kept).")
+strip = _make("strip", "Remove optimizer, scheduler and RNG state (or drop=[paths]).")
+export = _make("export", "Write a checkpoint's model as safetensors (or a torch file).")
+compress = _make("compress", "Lossless tensor-aware archive: PATH -> PATH.ckz.")
+decompress = _make("decompress", "Restore a .ckz archive bit for bit.")
+prune = _make("prune", "Retention policy for a folder of checkpoints (dry run unless yes=True).")
+apply = _make("apply", "Run the team's policy (ckptool.toml) once over a folder.")
+
+__all__ = ["run", "Result", "CheckpointWarning", "inspect", "verify", "shrink", "convert",
+           "strip", "export", "compress", "decompress", "prune", "apply", "CheckpointError"]

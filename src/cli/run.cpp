@@ -1,0 +1,284 @@
+// The command line: the shared conventions and RunCommandLine (cli/run.h).
+#include <malloc.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/names.h"
+#include "base/perf.h"
+#include "base/utf8.h"
+#include "cli/commands.h"
+#include "cli/run.h"
+#include "cluster/steps.h"
+#include "cluster/world.h"
+#include "io/temp_files.h"
+
+namespace ckpt::cli {
+
+void ReclaimPaths(std::vector<std::string>& globs, std::vector<std::string>& paths) {
+  std::vector<std::string> kept;
+  for (std::string& g : globs) {
+    std::error_code ec;
+    if (std::filesystem::exists(g, ec)) {
+      paths.push_back(std::move(g));
+    } else {
+      kept.push_back(std::move(g));
+    }
+  }
+  globs = std::move(kept);
+}
+
+void AddRewriteFlags(CLI::App& app, unsigned* threads, bool* json, bool* allow_unsafe_globals,
+                     std::vector<std::string>* trust) {
+  app.add_option("-j,--threads", *threads, "Threads")->capture_default_str();
+  app.add_flag("--json", *json, "Print a JSON report");
+  app.add_flag("--allow-unsafe-globals", *allow_unsafe_globals,
+               "Rewrite files whose pickle imports code-execution globals (they are never run)");
+  AddTrustFlag(app, trust);
+}
+
+void AddTrustFlag(CLI::App& app, std::vector<std::string>* trust) {
+  app.add_option("--trust", *trust,
+                 "Accept calls into these modules when loaded (globs: 'myproject', "
+                 "'myproject.*', 'pkg.mod.Class'); never lifts the deny list")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+void PrintJson(const nlohmann::ordered_json& doc) {
+  std::cout << doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+}
+
+void PrintError(const std::string& message) {
+  if (!cluster::ShouldPrintError(message)) return;  // another rank: rank 0 prints it
+  std::fflush(stdout);
+  std::fprintf(stderr, "ckptool: error: %s\n", Printable(message).c_str());
+}
+
+}  // namespace ckpt::cli
+
+namespace ckpt::cli {
+
+// Memory at 10^5 tensors. glibc raises its mmap threshold each time a large block is freed, after
+// which the big temporary arrays of a run over 10^5 tensors (the pickle writer's memo, a second
+// model read back for verification) come from the heap, whose top is not given back: peak RSS grew
+// by the largest of them. A fixed threshold keeps blocks of 1 MiB and more in mappings of their
+// own, returned to the system when freed. Fast bins are off: a model of 10^5 tensors frees millions
+// of small blocks, and every large request then ran malloc_consolidate over them (a third of
+// inspect's time at 160k tensors; without them 1.8 s -> 1.2 s).
+void TuneMalloc() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_MXFAST, 0);
+#endif
+}
+
+// Sharded checkpoints are folders of many files, each kept open and mapped while it is read
+// (a 1024-rank torch.distributed.checkpoint holds 1024+ .distcp files): the soft limit on
+// open files, often 1024, goes up to the hard limit.
+void RaiseOpenFileLimit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+namespace {
+
+std::string VersionText() {
+  std::string mpi = ckpt::cluster::MpiBuiltIn() ? ckpt::cluster::MpiLibrary() : "not built in";
+  return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
+}
+
+// Commands that share their work between the ranks of an MPI job themselves; every other
+// command runs on rank 0 alone while the others wait for its exit code (prune decides what
+// to delete, apply and watch act on one folder's state, inspect prints one report).
+bool SpreadsOverRanks(const std::string& command) {
+  for (const char* c :
+       {"shrink", "strip", "convert", "verify", "compress", "decompress", "export"}) {
+    if (command == c) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The command the arguments name: the first one that is not an option ("" when none).
+std::string CommandOf(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (!a.starts_with("-")) return std::string(a);
+  }
+  return "";
+}
+
+// Commands that write nothing: they may run in every process of a launch (WORLD_SIZE).
+bool WritesNothing(const std::string& command) {
+  for (const char* c : {"inspect", "verify", "help", "version", ""}) {
+    if (command == c) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// "(did you mean --dry-run?)" for the options in a CLI11 error that `sub` does not know.
+std::string SuggestOptions(const CLI::App& sub, const std::string& error) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : sub.get_options()) {
+    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+    for (const std::string& n : o->get_snames()) known.push_back("-" + n);
+  }
+  std::string out;
+  std::istringstream words(error);
+  for (std::string w; words >> w;) {
+    while (!w.empty() && (w.back() == ',' || w.back() == '.')) w.pop_back();
+    if (!w.starts_with("-")) continue;
+    w = w.substr(0, w.find('='));
+    std::string best = ckpt::ClosestName(known, w);
+    if (!best.empty() && best != w) out += fmt::format(" (did you mean {}?)", best);
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunCommandLine(int argc, char** argv) {
+  CLI::App app{
+      "ckptool: inspect, verify and shrink ML checkpoints (torch .pt/.pth/.bin/.ckpt, "
+      "safetensors) without executing them"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return VersionText(); });
+  bool perf = false;
+  app.add_flag("--perf", perf, "Print a timing tree of the phases to stderr (rank 0's under MPI)");
+  struct Command {
+    CLI::App* app;
+    ckpt::cli::Runner run;
+  };
+  std::vector<Command> commands;
+  auto add = [&](const char* name, const char* help, ckpt::cli::Runner (*reg)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands.push_back({sub, reg(*sub)});
+  };
+  add("inspect", "Account for every byte of checkpoints: tensors, storages, waste, globals",
+      ckpt::cli::AddInspect);
+  add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
+  add("shrink", "Drop storage bytes no tensor uses; rewrite safely in place or to --output-dir",
+      ckpt::cli::AddShrink);
+  add("convert",
+      "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
+      ckpt::cli::AddConvert);
+  add("export", "Write a checkpoint's tensors as safetensors (optionally bf16/fp16, sharded)",
+      ckpt::cli::AddExport);
+  add("strip", "Remove optimizer/scheduler/RNG state (or --drop paths) from checkpoints",
+      ckpt::cli::AddStrip);
+  add("prune", "Retention policy for a folder of checkpoints (dry run unless --yes)",
+      ckpt::cli::AddPrune);
+  add("compress", "Lossless tensor-aware archive of files or folders (PATH -> PATH.ckz)",
+      ckpt::cli::AddCompress);
+  add("decompress", "Restore a .ckz archive bit for bit (X.ckz -> X)", ckpt::cli::AddDecompress);
+  add("apply", "Run the team's policy (ckptool.toml) once over every complete checkpoint",
+      ckpt::cli::AddApply);
+  add("watch", "Run the policy on each checkpoint as it completes, beside training",
+      ckpt::cli::AddWatch);
+  app.footer(
+      "ckptool help COMMAND: a command's options. ckptool version: the version.\n"
+      "Exit codes: 0 success, 1 a problem found or a job failed, 2 a usage error, 130 "
+      "interrupted.");
+
+  const bool root = ckpt::cluster::IsRoot();
+  std::vector<std::string> names;
+  for (const Command& c : commands) names.push_back(c.app->get_name());
+  const std::string command = CommandOf(argc, argv);
+  if (command == "version") {
+    if (root) std::cout << VersionText() << "\n";
+    return 0;
+  }
+  if (command == "help") {
+    std::string topic;
+    for (int i = 1, seen = 0; i < argc; ++i) {
+      if (argv[i][0] != '-' && seen++ == 1) topic = argv[i];
+    }
+    CLI::App* sub = nullptr;
+    for (const Command& c : commands) {
+      if (c.app->get_name() == topic) sub = c.app;
+    }
+    if (!topic.empty() && !sub) {
+      std::string best = ckpt::ClosestName(names, topic);
+      ckpt::cli::PrintError(
+          fmt::format("no command '{}'{}; `ckptool help` lists them", topic,
+                      best.empty() ? "" : fmt::format(" (did you mean {}?)", best)));
+      return 2;
+    }
+    if (root) std::cout << (sub ? sub->help() : app.help());
+    return 0;
+  }
+  if (!command.empty() && std::find(names.begin(), names.end(), command) == names.end()) {
+    std::string best = ckpt::ClosestName(names, command);
+    ckpt::cli::PrintError(
+        fmt::format("unknown command '{}'{}; `ckptool help` lists the commands", command,
+                    best.empty() ? "" : fmt::format(" (did you mean {}?)", best)));
+    return 2;
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Help, the version and command-line errors: once, from rank 0.
+    if (e.get_exit_code() == 0) {
+      std::ostringstream quiet;
+      return root ? app.exit(e) : app.exit(e, quiet, quiet);
+    }
+    const CLI::App* sub = &app;
+    for (const Command& c : commands) {
+      if (c.app->get_name() == command) sub = c.app;
+    }
+    if (command.empty()) {
+      ckpt::cli::PrintError("no command given; `ckptool help` lists the commands");
+    } else {
+      ckpt::cli::PrintError(fmt::format("{}{}; `ckptool help {}` lists its options", e.what(),
+                                        SuggestOptions(*sub, e.what()), command));
+    }
+    return 2;
+  }
+  if (perf && ckpt::cluster::IsRoot()) ckpt::EnablePerf();
+  ckpt::InstallInterruptHandlers();
+  try {
+    for (const Command& c : commands) {
+      if (!c.app->parsed()) continue;
+      if (!ckpt::cluster::IsRoot() && !SpreadsOverRanks(c.app->get_name())) return 0;
+      int rc;
+      {
+        ckpt::PerfTimer timer(c.app->get_name().c_str());
+        rc = c.run();
+      }
+      std::cout.flush();
+      ckpt::PrintPerf(stderr);
+      return rc;
+    }
+  } catch (const ckpt::cluster::Stopped& s) {
+    return s.rc;  // every rank stopped at the same step; rank 0 said why
+  } catch (const ckpt::Error& e) {
+    ckpt::cli::PrintError(e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A folder walk or file operation the system refused: name the path and the reason.
+    ckpt::cli::PrintError(fmt::format("{}: {}", e.path1().string(), e.code().message()));
+    return 1;
+  } catch (const std::exception& e) {
+    ckpt::cli::PrintError(std::string("internal error: ") + e.what());
+    return 1;
+  }
+  return 2;
+}
+
+}  // namespace ckpt::cli

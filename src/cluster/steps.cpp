@@ -174,6 +174,13 @@ std::vector<RankResult> Collect(const std::string& payload) {
   return CollectStep(true, payload);
 }
 
+void BeginCommand() {
+  if (Distributed()) AbortJob("internal: commands run one after another only in one process", 1);
+  g_next = kAgree;
+  g_kept.clear();
+  g_printed.clear();
+}
+
 int Finish(int rc) {
   if (!Distributed()) {
     g_next = kDone;

@@ -53,6 +53,10 @@ std::string Confirm(const std::string& error);
 // skipped, then returns the exit code of the job.
 int Finish(int rc);
 
+// For a process that runs one command after another (the Python package; never under MPI):
+// the next command's steps start again from step 1.
+void BeginCommand();
+
 // Error messages go through here on every rank: true when the caller prints it (rank 0),
 // false when it is kept to be sent to rank 0 (every other rank).
 bool ShouldPrintError(const std::string& message);

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "cli/progress.h"
 #include "cli/run.h"
+#include "cluster/steps.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -104,7 +105,9 @@ void BindRun(py::module_& m) {
           {
             Redirect o(1, out.f), e(2, err.f);
             cli::SetProgressObserver(observer);
+            cluster::BeginCommand();
             rc = cli::RunCommandLine(static_cast<int>(owned.size()), argv.data());
+            rc = cluster::Finish(rc);
             cli::SetProgressObserver(nullptr);
             FlushAll();
           }

@@ -75,9 +75,10 @@ def loader():
     return torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
 
 
-def fit(root, ckpt_path=None):
+def fit(root, ckpt_path=None, plugins=None):
     """Trains to EPOCHS (from ckpt_path when given); checkpoints go to root/ckpts (every epoch,
-    last.ckpt a copy) and root/best (top 2 by loss, last.ckpt a symlink). Returns the module."""
+    last.ckpt a copy) and root/best (top 2 by loss, last.ckpt a symlink), through `plugins`
+    (a CheckpointIO) when given. Returns the module."""
     torch.set_num_threads(1)
     L.seed_everything(0, workers=True, verbose=False)
     model = TinyLit()
@@ -87,7 +88,7 @@ def fit(root, ckpt_path=None):
                            monitor="train_loss_epoch", mode="min", save_top_k=2, save_last="link")
     trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, deterministic=True,
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[every, best], num_sanity_val_steps=0)
+                        callbacks=[every, best], num_sanity_val_steps=0, plugins=plugins)
     trainer.fit(model, loader(), ckpt_path=ckpt_path)
     return model
 

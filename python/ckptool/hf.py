@@ -1,0 +1,55 @@
+"""Hugging Face integration: a TrainerCallback that runs the team's policy (ckptool.toml) on
+the Trainer's output_dir after every save, after the Trainer's own rotation.
+
+    from ckptool.hf import CkptoolCallback
+    trainer = Trainer(..., callbacks=[CkptoolCallback()])   # output_dir/ckptool.toml
+
+The Trainer's save_total_limit counts checkpoint folders only: a checkpoint the policy
+compressed (checkpoint-500.ckz) is a file it neither counts nor deletes. Rotate with the
+policy's [retention] instead (save_total_limit=None); the callback warns otherwise."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional
+
+from transformers import TrainerCallback
+
+from . import _jobs
+
+
+class CkptoolCallback(TrainerCallback):
+    """on_save: `ckptool apply` on args.output_dir (or `root`) with `policy` (default:
+    ROOT/ckptool.toml), no settle time (the checkpoint the Trainer just wrote is complete:
+    trainer_state.json is its marker). Runs on the main process only. A failed step raises
+    ckptool.JobFailed, stopping training, unless `raise_on_failure=False` (then it warns)."""
+
+    def __init__(self, policy: Optional[str] = None, root: Optional[str] = None,
+                 raise_on_failure: bool = True, threads: int = 0):
+        self.policy = policy
+        self.root = root
+        self.raise_on_failure = raise_on_failure
+        self.threads = threads
+        self.results = []  # each save's apply report
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if getattr(args, "save_total_limit", None):
+            warnings.warn("ckptool: save_total_limit counts only checkpoint folders, not the "
+                          "archives a policy makes; rotate with [retention] in ckptool.toml",
+                          _jobs.CheckpointWarning, stacklevel=2)
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        root = self.root or args.output_dir
+        options: dict = {"settle": 0, "quiet": True}
+        if self.threads:
+            options["threads"] = self.threads
+        if self.policy:
+            options["policy"] = os.fspath(self.policy)
+        try:
+            self.results.append(_jobs.apply(root, **options))
+        except _jobs.JobFailed as e:
+            if self.raise_on_failure:
+                raise
+            warnings.warn(str(e), _jobs.CheckpointWarning, stacklevel=2)

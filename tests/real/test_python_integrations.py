@@ -1,0 +1,136 @@
+"""The package's trainer integrations with the real libraries: ckptool.lightning's CheckpointIO
+in a real Lightning Trainer.fit (resume bit-identical to a plain torch.save run; a policy
+applied as checkpoints land), and ckptool.hf's TrainerCallback in a real transformers Trainer
+(the run ends as `ckptool apply` would leave it)."""
+import hashlib
+import os
+import shutil
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+PACKAGE = os.environ.get("CKPT_PYTHON_PACKAGE") or os.path.join(HERE, "..", "..", "build",
+                                                                "python")
+sys.path.insert(0, PACKAGE)
+
+import torch  # noqa: E402
+
+import ckptool  # noqa: E402
+import real_lit_train as R  # noqa: E402
+from real_common import assert_same_object, read_json, read_source, torch_load  # noqa: E402
+from stacklib import TempDirTest, fixture, run  # noqa: E402
+
+LIT_FIXTURE = read_source("real_lit_train.py") + """
+import sys
+make_fixture(sys.argv[1])
+"""
+RESUME_STEP = (R.RESUME_EPOCH + 1) * R.STEPS_PER_EPOCH
+RESUME_NAME = f"epoch={R.RESUME_EPOCH}-step={RESUME_STEP}.ckpt"
+
+
+class LightningPlugin(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        fx = fixture("lightning", LIT_FIXTURE, into=self.path("fx"))
+        self.losses = read_json(os.path.join(fx, "losses.json"))
+        self.final = torch_load(os.path.join(fx, "final.pt"))
+
+    def plugin(self, **kwargs):
+        from ckptool.lightning import CkptoolCheckpointIO
+        return CkptoolCheckpointIO(**kwargs)
+
+    def assertResumesExactly(self, ckpt, label):
+        model = R.fit(self.path("resumed-" + label), ckpt_path=ckpt, plugins=[self.plugin()])
+        self.assertEqual(R.hexes(model.step_losses), self.losses[RESUME_STEP:], label)
+        assert_same_object(self, self.final,
+                           {k: v.clone() for k, v in model.state_dict().items()}, label)
+
+    def test_saves_and_resumes_bit_identically(self):
+        model = R.fit(self.path("plug"), plugins=[self.plugin()])
+        # saving through the plugin changes nothing in training
+        self.assertEqual(R.hexes(model.step_losses), self.losses)
+        ckpt = self.path("plug", "ckpts", RESUME_NAME)
+        self.assertTrue(ckptool.verify(ckpt).ok)
+        # what the plugin wrote is a torch.save file: torch.load reads it the same way
+        assert_same_object(self, torch.load(ckpt, weights_only=False)["state_dict"],
+                           ckptool.load(ckpt)["state_dict"])
+        leftovers = [f for f in os.listdir(self.path("plug", "ckpts")) if "ckptool-tmp" in f]
+        self.assertEqual(leftovers, [])
+        self.assertResumesExactly(ckpt, "plugin")
+
+    def test_policy_runs_as_checkpoints_land(self):
+        ckpts = self.path("pol", "ckpts")
+        os.makedirs(ckpts)
+        with open(os.path.join(ckpts, "ckptool.toml"), "w") as f:
+            f.write('layout = "lightning"\n[shrink]\n[compress]\nolder_than_newest = 2\n')
+        R.fit(self.path("pol"), plugins=[self.plugin(policy=True)])
+        names = sorted(os.listdir(ckpts))
+        archives = [n for n in names if n.endswith(".ckpt.ckz")]
+        self.assertIn(RESUME_NAME + ".ckz", archives)
+        self.assertNotIn(RESUME_NAME, names)
+        # the newest ones stay plain; the plain ones were shrunk (the table's unused rows)
+        self.assertIn(f"epoch={R.EPOCHS - 1}-step={R.EPOCHS * R.STEPS_PER_EPOCH}.ckpt", names)
+        # a compressed checkpoint resumes by its own name, bit-identically
+        self.assertResumesExactly(os.path.join(ckpts, RESUME_NAME), "compressed")
+
+
+def tree_digest(root):
+    """relative path -> sha256 of every file under root, but the ledger (times, inodes)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != ".ckptool"]
+        for f in files:
+            p = os.path.join(d, f)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = "link:" + os.readlink(p)
+                continue
+            with open(p, "rb") as fh:
+                out[rel] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+class HuggingFaceCallback(TempDirTest):
+    POLICY = ('layout = "hf-trainer"\n[retention]\nkeep_last = 2\ndelete = true\n'
+              '[strip]\nolder_than_newest = 1\ndelete_files = true\n')
+
+    def train(self, parent, callback):
+        """Trains in PARENT/run (output_dir "run", relative: training_args.bin holds it);
+        returns the losses."""
+        import real_hf_train as H
+        out = os.path.join(parent, "run")
+        os.makedirs(out)
+        with open(os.path.join(out, "ckptool.toml"), "w") as f:
+            f.write(self.POLICY)
+        cwd = os.getcwd()
+        os.chdir(parent)
+        try:
+            tr = H.trainer("run")
+            tr.args.save_total_limit = None  # the policy rotates
+            if callback:
+                from ckptool.hf import CkptoolCallback
+                tr.add_callback(CkptoolCallback())
+            tr.train()
+        finally:
+            os.chdir(cwd)
+        return H.hexes(tr.step_losses)
+
+    def test_run_ends_as_apply_leaves_it(self):
+        losses = self.train(self.path("with"), True)
+        self.assertEqual(self.train(self.path("without"), False), losses)
+        with_cb, without = self.path("with", "run"), self.path("without", "run")
+        run("apply", without, "--settle", "0")
+        got, want = tree_digest(with_cb), tree_digest(without)
+        self.assertEqual(sorted(got), sorted(want))
+        self.assertEqual(got, want)
+        kept = sorted(n for n in os.listdir(with_cb) if n.startswith("checkpoint-"))
+        self.assertEqual(len(kept), 2, kept)
+        # the older kept checkpoint lost its training-only files; the newest kept them
+        self.assertFalse(os.path.exists(os.path.join(with_cb, kept[0], "optimizer.pt")))
+        self.assertTrue(os.path.exists(os.path.join(with_cb, kept[-1], "optimizer.pt")))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "cli/archive_inputs.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -60,6 +61,8 @@ int RunConvert(ConvertCliOptions o) {
   co.dry_run = o.dry_run;
   co.allow_unsafe_globals = o.allow_unsafe_globals;
   co.trust.patterns = o.trust;
+  ArchiveInputs archives(o.paths, o.output_dir.empty() ? o.output_file : o.output_dir, o.threads,
+                         "-o or --output-dir");
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype, o.force);
   // A folder's training-only files (optimizer.pt, rng_state.pth...) are copied as they are,
   // unless training state is to be converted too. A file named on its own is converted.
@@ -101,6 +104,13 @@ int RunConvert(ConvertCliOptions o) {
   // Rank 0 reports for every rank, and copies the other files and rewrites the indexes,
   // which need every rank's results.
   if (!batch.reports()) return 0;
+  // An archive's restored paths are shown as the archive's.
+  for (size_t i = 0; i < results.size(); ++i) {
+    tree.checkpoints[i].input = archives.Shown(tree.checkpoints[i].input);
+    errors[i] = archives.Shown(errors[i]);
+    results[i].path = archives.Shown(results[i].path);
+    for (std::string& w : results[i].warnings) w = archives.Shown(w);
+  }
   int rc = 0;
   size_t failed = 0;
   std::map<std::string, uint64_t> storage_bytes;
@@ -160,7 +170,7 @@ int RunConvert(ConvertCliOptions o) {
     try {
       CopyFile(j, o.dtype);
     } catch (const Error& e) {
-      PrintError(e.what());
+      PrintError(archives.Shown(e.what()));
       rc = 1;
     }
   }
@@ -168,9 +178,9 @@ int RunConvert(ConvertCliOptions o) {
     try {
       uint64_t t = RewriteIndex(j, storage_bytes);
       if (!o.json && !o.quiet)
-        std::cout << fmt::format("{} -> {}: total_size {}\n", j.input, j.output, t);
+        std::cout << fmt::format("{} -> {}: total_size {}\n", archives.Shown(j.input), j.output, t);
     } catch (const Error& e) {
-      PrintError(e.what());
+      PrintError(archives.Shown(e.what()));
       rc = 1;
     }
   }

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "cli/archive_inputs.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/output_place.h"
@@ -53,6 +54,7 @@ int RunStrip(StripCliOptions o) {
     PrintError("-o names one output: give exactly one input (a file or a folder)");
     return 2;
   }
+  ArchiveInputs archives(o.paths, o.output, o.threads, "-o");
   // A folder (not a torch.distributed.checkpoint one, which strips as a whole) with -o: a
   // stripped copy of it, training-only files left out.
   const bool folder_copy = !o.output.empty() && std::filesystem::is_directory(o.paths[0]) &&
@@ -123,6 +125,12 @@ int RunStrip(StripCliOptions o) {
                               : o.output;
     }
   }
+  // An archive's restored paths are shown as the archive's.
+  for (size_t i = 0; i < files.size(); ++i) {
+    files[i] = archives.Shown(files[i]);
+    errors[i] = archives.Shown(errors[i]);
+    results[i].path = archives.Shown(results[i].path);
+  }
   uint64_t before = 0, after = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   for (size_t i = 0; i < files.size(); ++i) {
@@ -165,7 +173,7 @@ int RunStrip(StripCliOptions o) {
   for (const std::string& t : training_files) {
     std::error_code ec;
     uint64_t size = std::filesystem::file_size(t, ec);
-    nlohmann::ordered_json row = {{"path", t}, {"bytes", size}, {"deleted", false}};
+    nlohmann::ordered_json row = {{"path", archives.Shown(t)}, {"bytes", size}, {"deleted", false}};
     std::string state = "kept; --delete-files removes it";
     if (folder_copy) {
       state = o.dry_run ? "would be left out of the copy" : "left out of the copy";
@@ -188,8 +196,8 @@ int RunStrip(StripCliOptions o) {
     }
     tfiles.push_back(row);
     if (!o.json && !o.quiet)
-      std::cout << Printable(
-                       fmt::format("{}: training-only file, {} ({})", t, HumanBytes(size), state))
+      std::cout << Printable(fmt::format("{}: training-only file, {} ({})", archives.Shown(t),
+                                         HumanBytes(size), state))
                 << "\n";
   }
   if (o.json) {

@@ -12,8 +12,8 @@ namespace ckpt {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
-                                               const std::string& parent, unsigned threads) {
+std::unique_ptr<ArchiveView> ArchiveView::Prepare(const std::string& archive,
+                                                  const std::string& parent) {
   std::unique_ptr<ArchiveView> v(new ArchiveView());
   CreateFolders(parent, archive);
   RemoveStaleTempsIn(parent);
@@ -21,8 +21,24 @@ std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
   fs::create_directory(v->folder_.path);
   std::string name = DefaultRestoredName(archive);
   name = name.empty() ? "restored" : fs::path(name).filename().string();
-  v->skeleton_ = ckz::Skeleton::Build(archive, (fs::path(v->folder_.path) / name).string(),
-                                      threads);  // errors name the archive
+  v->root_ = (fs::path(v->folder_.path) / name).string();
+  return v;
+}
+
+std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
+                                               const std::string& parent, unsigned threads) {
+  std::unique_ptr<ArchiveView> v = Prepare(archive, parent);
+  v->skeleton_ = ckz::Skeleton::Build(archive, v->root_, threads);  // errors name the archive
+  return v;
+}
+
+std::unique_ptr<ArchiveView> ArchiveView::Restore(const std::string& archive,
+                                                  const std::string& parent, unsigned threads) {
+  std::unique_ptr<ArchiveView> v = Prepare(archive, parent);
+  DecompressOptions o;
+  o.threads = threads ? threads : 1;
+  o.output = v->root_;
+  DecompressArchive(archive, o);  // errors name the archive; every chunk's CRC is checked
   return v;
 }
 

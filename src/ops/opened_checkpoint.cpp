@@ -34,8 +34,8 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path
     if (fs::is_directory(at, ec)) {
       if (deepspeed::LooksLikeZeroCheckpoint(at)) {
         c->kind_ = "zero";
-        c->zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(
-            deepspeed::OpenZeroCheckpoint(at, o.tag));
+        c->zero_ =
+            std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
         c->model_ = ZeroLogicalModel(*c->zero_, false);
         c->places_.resize(c->model_.tensors.size());
       } else if (dcp::LooksLikeDcpCheckpoint(at)) {
@@ -49,8 +49,7 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path
         for (const torch::UnsafeFinding& u : d.meta.scan.findings)
           c->model_.warnings.push_back(fmt::format("the metadata's pickle {} (never run)", u.what));
         LogicalModel m = dcp::DcpLogicalModel(d);
-        m.warnings.insert(m.warnings.begin(), c->model_.warnings.begin(),
-                          c->model_.warnings.end());
+        m.warnings.insert(m.warnings.begin(), c->model_.warnings.begin(), c->model_.warnings.end());
         c->model_ = std::move(m);
         c->places_.resize(c->model_.tensors.size());
       } else {
@@ -97,12 +96,14 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
     if (t.names.empty()) continue;
     std::string name(t.names.front());
     if (t.kind != "tensor" && t.kind != "parameter") {
-      model_.warnings.push_back(fmt::format("'{}' is a {} tensor: not readable here", name, t.kind));
+      model_.warnings.push_back(
+          fmt::format("'{}' is a {} tensor: not readable here", name, t.kind));
       continue;
     }
     if (t.storage < 0) continue;
     const torch::Storage& s = m.storages[t.storage];
-    LogicalTensor lt{name, t.dtype, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+    LogicalTensor lt{name,    t.dtype,
+                     t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
                      t.numel, nullptr};
     TensorPlace place;
     place.source = static_cast<int32_t>(source);
@@ -115,7 +116,8 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
         place.offset = at;
       }
       lt.read = [&f, at, size](uint64_t first, uint64_t count, const SpanSink& sink) {
-        StreamRange(f.map, at + first * size, count * size, [&sink](uint64_t, Bytes b) { sink(b); });
+        StreamRange(f.map, at + first * size, count * size,
+                    [&sink](uint64_t, Bytes b) { sink(b); });
       };
     } else {
       const torch::Tensor* tp = &t;

@@ -96,8 +96,8 @@ void BindCheckpoint(py::module_& module) {
                              [](const OpenedCheckpoint& c) { return c.model().warnings; })
       .def("names", &OpenedCheckpoint::Names)
       .def("metadata", &OpenedCheckpoint::metadata)
-      .def("__contains__", [](const OpenedCheckpoint& c,
-                              const std::string& name) { return c.Find(name) >= 0; })
+      .def("__contains__",
+           [](const OpenedCheckpoint& c, const std::string& name) { return c.Find(name) >= 0; })
       .def("info",
            [](const OpenedCheckpoint& c, const std::string& name) {
              int64_t i = 0;

@@ -85,8 +85,8 @@ class GraphLoader {
         std::string_view s = g_.text(id);
         // Strings are kept as the stream's UTF-8; lone surrogates (which pickle allows) are
         // kept with surrogatepass, as _pickle.c does.
-        PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()),
-                                           "surrogatepass");
+        PyObject* o =
+            PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
         if (!o) throw py::error_already_set();
         return Memo(id, py::reinterpret_steal<py::object>(o));
       }
@@ -116,9 +116,9 @@ class GraphLoader {
       case Kind::kFrozenSet: {
         py::list items;
         for (NodeId c : g_.items(id)) items.append(Convert(c, depth + 1));
-        py::object s = n.kind == Kind::kSet ? py::object(py::set(items))
-                                            : py::reinterpret_steal<py::object>(
-                                                  PyFrozenSet_New(items.ptr()));
+        py::object s = n.kind == Kind::kSet
+                           ? py::object(py::set(items))
+                           : py::reinterpret_steal<py::object>(PyFrozenSet_New(items.ptr()));
         if (!s) throw py::error_already_set();
         return Memo(id, s);
       }
@@ -180,7 +180,8 @@ class GraphLoader {
       obj = ordered_dict_();
       Memo(id, obj);
       // OrderedDict([(k, v), ...]): the pairs as its argument.
-      if (c.args != kNil && g_.ArgCount(id) == 1) obj.attr("update")(Convert(g_.Arg(id, 0), depth + 1));
+      if (c.args != kNil && g_.ArgCount(id) == 1)
+        obj.attr("update")(Convert(g_.Arg(id, 0), depth + 1));
     } else if (text == "_codecs.encode" && g_.ArgCount(id) == 2 &&
                g_.kind(g_.Arg(id, 0)) == Kind::kStr && g_.kind(g_.Arg(id, 1)) == Kind::kStr) {
       // Protocol 2's bytes: encode(text, 'latin1').
@@ -189,8 +190,7 @@ class GraphLoader {
     } else if (global && accepted_.count(text)) {
       py::object callee = Convert(fn, depth + 1);
       py::object kwargs = c.kwargs == kNil ? py::object(py::dict()) : Convert(c.kwargs, depth + 1);
-      obj = Memo(id, hooks_.attr("call")(callee, args(), kwargs,
-                                         static_cast<int>(c.construct)));
+      obj = Memo(id, hooks_.attr("call")(callee, args(), kwargs, static_cast<int>(c.construct)));
     } else {
       std::string module = global ? std::string(g_.global_module(fn)) : std::string();
       std::string name = global ? std::string(g_.global_name(fn)) : std::string("<computed>");

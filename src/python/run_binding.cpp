@@ -78,8 +78,8 @@ void BindRun(py::module_& m) {
           // GIL) keeps a plain handle, no reference of its own.
           auto failed = std::make_shared<bool>(false);
           py::handle callback = progress;
-          observer = [callback, failed](const std::string& label, uint64_t files,
-                                        uint64_t done, uint64_t total) {
+          observer = [callback, failed](const std::string& label, uint64_t files, uint64_t done,
+                                        uint64_t total) {
             if (*failed) return;
             py::gil_scoped_acquire gil;
             try {

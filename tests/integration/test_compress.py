@@ -339,6 +339,70 @@ class CompressRoundTrip(CkptTestCase):
         self.assertIn("-o", err)
 
 
+class RewriteFromArchive(CkptTestCase):
+    """`ckptool convert X.ckz` and `ckptool strip X.ckz` work on the checkpoint the archive
+    holds (restored bit for bit into a temp folder beside the output, removed afterwards) and
+    write what the same command writes from the original; they need an output, and name the
+    archive (never the temp folder) in what they print."""
+
+    def leftovers(self, folder):
+        return [n for n in os.listdir(folder) if "ckptool-tmp" in n]
+
+    def at(self, *parts):
+        return os.path.join(self.tmp, *parts)
+
+    def test_convert_and_strip_of_file_and_folder_archives(self):
+        src = self.path("model.pt")
+        torch.save({"model": state_dict(1 << 14, torch.float32), "optimizer": {"step": 4097}}, src)
+        folder = self.path("checkpoint-500")
+        os.makedirs(folder)
+        torch.save({"w": weights(4096)}, os.path.join(folder, "pytorch_model.bin"))
+        torch.save({"state": {0: {"exp_avg": weights(4096, 3)}}}, os.path.join(folder, "optimizer.pt"))
+        run("compress", "-q", src)
+        run("compress", "-q", folder)
+        for cmd in (["convert", "--dtype", "bf16"], ["strip"]):
+            for original in (src, folder):
+                name = os.path.basename(original)
+                with self.subTest(cmd=cmd[0], input=name):
+                    ref, out = self.at(cmd[0], "ref", name), self.at(cmd[0], "out", name)
+                    if cmd[0] == "convert" and original == folder:  # a folder: --output-dir
+                        run(*cmd, original, "--output-dir", ref)
+                        p = run(*cmd, original + ".ckz", "--output-dir", out)
+                    else:
+                        run(*cmd, original, "-o", ref)
+                        p = run(*cmd, original + ".ckz", "-o", out)
+                    self.assertIn(name + ".ckz: " + name, p.stdout)
+                    self.assertNotIn("ckptool-tmp", p.stdout + p.stderr)
+                    if os.path.isdir(ref):
+                        self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(ref)))
+                        for n in os.listdir(ref):
+                            self.assertEqual(read_bytes(os.path.join(out, n)),
+                                             read_bytes(os.path.join(ref, n)), n)
+                    else:
+                        self.assertEqual(read_bytes(out), read_bytes(ref))
+                    self.assertEqual(self.leftovers(os.path.dirname(out)), [])
+                    self.assertEqual(self.leftovers(self.path(cmd[0])), [])
+        # --output-dir for convert; no output at all is refused, and the archive is untouched
+        before = read_bytes(src + ".ckz")
+        run("convert", "--dtype", "bf16", src + ".ckz", "--output-dir", self.path("dir"))
+        self.assertEqual(read_bytes(self.at("dir", "model.pt")),
+                         read_bytes(self.at("convert", "ref", "model.pt")))
+        for cmd in (["convert", "--dtype", "bf16"], ["strip"]):
+            err = run(*cmd, src + ".ckz", expect=1).stderr
+            self.assertIn("an archive is rewritten into a new checkpoint: give -o", err)
+        self.assertEqual(read_bytes(src + ".ckz"), before)
+        # a damaged archive: one clear error, no output
+        bad = bytearray(before)
+        bad[len(bad) // 2] ^= 0xFF
+        with open(self.path("bad.pt.ckz"), "wb") as f:
+            f.write(bad)
+        err = run("convert", "--dtype", "bf16", self.path("bad.pt.ckz"), "-o",
+                  self.at("badout", "bad.pt"), expect=1).stderr
+        self.assertIn("bad.pt.ckz", err)
+        self.assertFalse(os.path.exists(self.at("badout", "bad.pt")))
+        self.assertEqual(self.leftovers(self.path("badout")), [])
+
+
 class ExportFromArchive(CkptTestCase):
     """`ckptool export X.ckz` reads the archive in place: a sparse skeleton of its plain bytes goes
     into a temp folder beside the output, tensor bytes are decoded from the chunks as they are

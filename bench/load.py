@@ -12,7 +12,8 @@ DeepSpeed writes it (tests/integration/zero_fixtures.py: real DeepSpeed cannot t
 model on this CPU machine in reasonable time). Each load runs in a fresh interpreter after its
 imports; reported: the load's time, the time to load and then read every byte of every tensor
 (a mapped load reads them then), and the peak RSS the load added over the interpreter with its
-imports (VmHWM - VmRSS before). Best of --repeat. Prints a Markdown table and writes
+imports (VmHWM - VmRSS before; mapped pages count once read). Best of --repeat; the loaders
+must agree on the number of tensors and the sum of their values. Prints a Markdown table and writes
 bench/load.json."""
 import argparse
 import json
@@ -54,9 +55,9 @@ base = rss("VmRSS:")
 t0 = time.perf_counter()
 sd = fn()
 t1 = time.perf_counter()
-total = 0
+total = 0.0
 for t in sd.values():
-    total += int(t.contiguous().view(torch.uint8).sum(dtype=torch.int64)) if t.numel() else 0
+    total += float(t.sum())  # reads every element (mapped pages fault in here)
 t2 = time.perf_counter()
 print(json.dumps({"load": t1 - t0, "read": t2 - t0, "rss": rss("VmHWM:") - base,
                   "tensors": len(sd), "sum": total}))

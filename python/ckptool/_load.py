@@ -72,7 +72,7 @@ class _Hooks:
         torch = self._torch
         info = self._c.torch_storage(source, index)
         untyped = self._untyped(source, index)
-        if info["dtype"] == "untyped":
+        if info["untyped"]:
             return untyped
         return torch.storage.TypedStorage(wrap_storage=untyped, dtype=torch_dtype(info["dtype"]),
                                           _internal=True)
@@ -103,8 +103,8 @@ class _Hooks:
     def build(obj, state):
         setstate = getattr(obj, "__setstate__", None)
         if setstate is not None and not isinstance(obj, type):
-            r = setstate(state)
-            return None if r is None else None
+            setstate(state)
+            return None
         slots = None
         if isinstance(state, tuple) and len(state) == 2:
             state, slots = state

@@ -153,6 +153,7 @@ void BindCheckpoint(py::module_& module) {
              d["key"] = s.key;
              d["nbytes"] = s.nbytes;
              d["dtype"] = std::string(torch::Name(s.dtype));
+             d["untyped"] = s.dtype == torch::DType::kUntyped;
              bool direct = s.present && !s.compressed && !c.archived();
              d["file"] = direct ? py::object(py::str(c.files()[source]->path)) : py::none();
              d["offset"] = s.data_offset;

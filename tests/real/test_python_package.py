@@ -202,6 +202,27 @@ class OpenAndLoad(TempDirTest):
         with self.assertRaises(ckptool.CheckpointError):
             ckptool.load(path, select="nope")
 
+    def test_bare_storages_and_parameters(self):
+        import warnings
+        path = self.path("storages.pt")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            typed = torch.arange(6, dtype=torch.float32).storage()
+        p = torch.nn.Parameter(torch.ones(3))
+        torch.save({"untyped": torch.arange(4, dtype=torch.int16).untyped_storage(),
+                    "typed": typed, "param": p,
+                    "frozen": torch.nn.Parameter(torch.zeros(2), requires_grad=False)}, path)
+        ref = torch.load(path, weights_only=True)
+        got = ckptool.load(path)
+        self.assertIsInstance(got["untyped"], torch.UntypedStorage)
+        self.assertEqual(bytes(got["untyped"]), bytes(ref["untyped"]))
+        self.assertIsInstance(got["typed"], torch.TypedStorage)
+        self.assertEqual(got["typed"].dtype, torch.float32)
+        self.assertEqual(got["typed"].tolist(), ref["typed"].tolist())
+        self.assertIsInstance(got["param"], torch.nn.Parameter)
+        self.assertTrue(got["param"].requires_grad)
+        self.assertFalse(got["frozen"].requires_grad)
+
     def test_errors_name_the_path_and_the_reason(self):
         bad = self.path("bad.pt")
         with open(bad, "wb") as f:

@@ -42,10 +42,9 @@ class GraphLoader {
     torch::Trust t;
     t.patterns = trust;
     for (const torch::ImportedName& n : torch::ScanPickle(g_, t).names) {
-      if (n.getattr) continue;
       if (n.verdict == torch::Verdict::kWeightsOnly || n.verdict == torch::Verdict::kAllowed ||
           n.verdict == torch::Verdict::kTrusted) {
-        accepted_.insert(n.raw);
+        (n.getattr ? accepted_reads_ : accepted_).insert(n.raw);
       }
     }
     for (size_t i = 0; i < m_.tensors.size(); ++i) {
@@ -176,7 +175,17 @@ class GraphLoader {
       return c.args == kNil ? py::object(py::tuple()) : Convert(c.args, depth + 1);
     };
     py::object obj;
-    if (text == "collections.OrderedDict") {
+    if (std::string read = AttributeRead(id); !read.empty()) {
+      // getattr(Class, 'NAME'): how Python 3.11 pickles an Enum member. Judged as the read
+      // Class.NAME (torch/global_policy.h): resolved when accepted, else an inert record of
+      // the name; getattr itself is never called.
+      NodeId cls = g_.Arg(id, 0);
+      std::string module(g_.global_module(cls));
+      std::string name =
+          std::string(g_.global_name(cls)) + "." + std::string(g_.text(g_.Arg(id, 1)));
+      if (accepted_reads_.count(read)) return Memo(id, hooks_.attr("resolve")(module, name));
+      return Memo(id, hooks_.attr("pickled")(module, name, false));
+    } else if (text == "collections.OrderedDict") {
       obj = ordered_dict_();
       Memo(id, obj);
       // OrderedDict([(k, v), ...]): the pairs as its argument.
@@ -220,12 +229,29 @@ class GraphLoader {
     return obj;
   }
 
+  // "pkg.Class.NAME" for a call getattr(Class, 'NAME') with exactly those arguments (a global
+  // and a str, no keywords, made by REDUCE); "" otherwise.
+  std::string AttributeRead(NodeId id) const {
+    NodeId fn = g_.compound(id).callable;
+    if (fn == kNil || g_.kind(fn) != Kind::kGlobal) return "";
+    std::string_view module = g_.global_module(fn), name = g_.global_name(fn);
+    if (name != "getattr" || (module != "builtins" && module != "__builtin__")) return "";
+    if (g_.compound(id).kwargs != kNil || g_.compound(id).construct != Construct::kReduce ||
+        g_.ArgCount(id) != 2)
+      return "";
+    NodeId cls = g_.Arg(id, 0), attr = g_.Arg(id, 1);
+    if (g_.kind(cls) != Kind::kGlobal || g_.kind(attr) != Kind::kStr || g_.text(attr).empty())
+      return "";
+    return g_.GlobalText(cls) + "." + std::string(g_.text(attr));
+  }
+
   const Graph& g_;
   const torch::Model& m_;
   size_t source_;
   py::object hooks_;
   py::object ordered_dict_;
   std::unordered_set<std::string> accepted_;
+  std::unordered_set<std::string> accepted_reads_;  // attribute reads: "pkg.Class.NAME"
   std::unordered_map<NodeId, size_t> tensor_of_;
   std::unordered_map<NodeId, int32_t> storage_of_;
   std::unordered_map<NodeId, py::object> memo_;

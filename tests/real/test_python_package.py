@@ -7,6 +7,7 @@ The package under test is the one the build just made (CKPT_PYTHON_PACKAGE: BUIL
 import collections
 import contextlib
 import dataclasses
+import enum
 import io
 import json
 import os
@@ -238,6 +239,12 @@ class OpenAndLoad(TempDirTest):
             ckptool.open(self.path("ok.pt")).get_tensor("b")
 
 
+class RunMode(enum.Enum):
+    """A user's own Enum (Python 3.11 pickles a member as getattr(RunMode, 'TRAIN'))."""
+    TRAIN = 1
+    EVAL = 2
+
+
 @dataclasses.dataclass
 class RunConfig:
     """A user's own class, as training scripts save them in checkpoints."""
@@ -265,6 +272,49 @@ class PythonStackObjects(TempDirTest):
         self.assertTrue(torch.equal(trusted["w"], torch.ones(2)))
 
 
+    def test_real_training_args_with_python_3_11_enum_members(self):
+        """transformers' TrainingArguments as the Trainer saves it (training_args.bin), which
+        torch.load(weights_only=True) refuses: its classes and Enum members (pickled the Python
+        3.11 way, getattr(Class, 'NAME')) are on the reviewed allowlist and come back real;
+        accelerate's PartialState inside it (rebuilt from its state, on no allowlist) comes
+        back as an inert record."""
+        import dataclasses as dc
+
+        from transformers import TrainingArguments
+        path = self.path("training_args.bin")
+        args = TrainingArguments(output_dir="out", eval_strategy="steps", report_to=[])
+        torch.save(args, path)
+        with self.assertRaises(Exception):
+            torch.load(path, weights_only=True)
+        ref = torch.load(path, weights_only=False)
+        got = ckptool.load(path)
+        self.assertIsInstance(got, TrainingArguments)
+        self.assertIs(got.eval_strategy, type(args.eval_strategy).STEPS)
+        for f in dc.fields(TrainingArguments):
+            self.assertEqual(getattr(got, f.name), getattr(ref, f.name), f.name)
+        inert = [v for v in vars(got).values() if isinstance(v, ckptool.Pickled)]
+        self.assertTrue(all(p.module.startswith("accelerate") for p in inert), inert)
+
+    def test_enum_members_of_untrusted_classes_stay_names(self):
+        """Python 3.11 pickles a member as a call RunMode(1); 3.12 and later as
+        getattr(RunMode, 'TRAIN'). Untrusted, either stays an inert record naming it (getattr
+        is never called); trusted, it is the member."""
+        class Read:  # what Python >= 3.12's Enum.__reduce_ex__ returns
+            def __reduce__(self):
+                return (getattr, (RunMode, "TRAIN"))
+
+        path = self.path("mode.pt")
+        torch.save({"call": RunMode.TRAIN, "read": Read(), "w": torch.ones(1)}, path)
+        got = ckptool.load(path)
+        call, read = got["call"], got["read"]
+        self.assertEqual((call.module, call.name, call.called, call.args),
+                         (__name__, "RunMode", True, (1,)))
+        self.assertEqual((read.module, read.name, read.called), (__name__, "RunMode.TRAIN", False))
+        trusted = ckptool.load(path, trust=[__name__])
+        self.assertIs(trusted["call"], RunMode.TRAIN)
+        self.assertIs(trusted["read"], RunMode.TRAIN)
+
+
 AUDIT = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, sys.argv[1])
@@ -284,12 +334,18 @@ AUDIT = textwrap.dedent("""
             results[path] = "loaded"
         except ckptool.Error as e:
             results[path] = "refused: " + str(e)[:200]
+        try:
+            with ckptool.open(path) as ck:
+                for name in ck.keys():
+                    ck.get_tensor(name)
+        except ckptool.Error:
+            pass
     print(json.dumps({"events": events, "results": results}))
     """)
 
 
 class HostilePickles(TempDirTest):
-    """load() of the scanners' malicious payloads and the FRAME cases: nothing is imported,
+    """load() and open() of the scanners' malicious payloads and the FRAME cases: nothing is imported,
     executed or started (a Python audit hook watches), and the marker file never appears."""
 
     def test_nothing_runs(self):

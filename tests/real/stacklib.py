@@ -13,6 +13,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 CKPTOOL = os.environ.get("CKPTOOL") or os.path.join(ROOT, "build", "ckptool")
 SANITIZED = os.environ.get("CKPT_SANITIZED", "0") in ("1", "ON", "TRUE", "true")
+# The Python package the build made (BUILD/python, with ckptool._core); the package's tests
+# put it first on sys.path.
+PACKAGE = os.environ.get("CKPT_PYTHON_PACKAGE") or os.path.join(ROOT, "build", "python")
 
 
 def run(*args, expect=0, env=None, timeout=600):

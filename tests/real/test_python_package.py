@@ -20,8 +20,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-PACKAGE = os.environ.get("CKPT_PYTHON_PACKAGE") or os.path.join(HERE, "..", "..", "build",
-                                                                "python")
+from stacklib import PACKAGE  # noqa: E402
+
 sys.path.insert(0, PACKAGE)
 
 import torch  # noqa: E402

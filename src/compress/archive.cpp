@@ -15,6 +15,11 @@ bool LooksLikeArchive(Bytes head) {
   return head.size() >= sizeof kMagic && std::memcmp(head.data(), kMagic, sizeof kMagic) == 0;
 }
 
+std::string WithoutArchiveSuffix(std::string_view name) {
+  if (name.size() <= kArchiveSuffix.size() || !name.ends_with(kArchiveSuffix)) return "";
+  return std::string(name.substr(0, name.size() - kArchiveSuffix.size()));
+}
+
 bool IsArchiveFile(const std::string& path) {
   try {
     MappedFile m = MappedFile::Open(path);

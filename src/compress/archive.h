@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/byte_cursor.h"
@@ -15,9 +16,14 @@
 
 namespace ckpt::ckz {
 
-// Does the file start with the .ckz magic number?
+// Does the file start with the .ckz magic number? What an archive is, is decided by content
+// (these two) everywhere; the suffix only names archives (PATH -> PATH.ckz and back).
 bool LooksLikeArchive(Bytes head);
 bool IsArchiveFile(const std::string& path);
+
+inline constexpr std::string_view kArchiveSuffix = ".ckz";
+// "x.pt" for "x.pt.ckz"; "" when `name` has no stem before the suffix.
+std::string WithoutArchiveSuffix(std::string_view name);
 
 class Archive {
  public:

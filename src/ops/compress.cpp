@@ -37,7 +37,6 @@ using ckz::Index;
 
 namespace {
 
-constexpr const char* kSuffix = ".ckz";
 // Chunks in flight per thread in the ordered writer (result slots of up to ~1 MiB each).
 constexpr size_t kSlotsPerThread = 4;
 // One chunk in this many is decoded again in memory right after it is coded and compared
@@ -63,10 +62,6 @@ struct timespec ToTimespec(int64_t ns) {
 
 [[noreturn]] void FailErrno(const std::string& path, std::string_view what) {
   Fail("{}: {}: {}", path, what, std::strerror(errno));
-}
-
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
 std::string StripSlashes(std::string p) {
@@ -313,17 +308,15 @@ std::string DefaultArchiveName(const std::string& path) {
     std::error_code ec;
     fs::path real = fs::canonical(p, ec);
     if (ec || real.filename().empty()) Fail("{}: give the archive's name with -o", path);
-    return real.string() + kSuffix;
+    return real.string() + std::string(ckz::kArchiveSuffix);
   }
-  return p + kSuffix;
+  return p + std::string(ckz::kArchiveSuffix);
 }
 
 std::string DefaultRestoredName(const std::string& archive) {
   std::string a = StripSlashes(archive);
-  if (!EndsWith(a, kSuffix) || a.size() == std::strlen(kSuffix) ||
-      fs::path(a).filename().string() == kSuffix)
-    return "";
-  return a.substr(0, a.size() - std::strlen(kSuffix));
+  if (fs::path(a).filename().string() == ckz::kArchiveSuffix) return "";
+  return ckz::WithoutArchiveSuffix(a);
 }
 
 CompressResult CompressPath(const std::string& given, const CompressOptions& o) {
@@ -335,7 +328,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
   if (::stat(path.c_str(), &st) != 0) FailErrno(path, "cannot open");
   bool folder = S_ISDIR(st.st_mode);
   if (!folder && !S_ISREG(st.st_mode)) Fail("{}: not a file or folder", path);
-  if (!folder && EndsWith(path, kSuffix))
+  if (!folder && path.ends_with(ckz::kArchiveSuffix))
     Fail("{}: already a .ckz archive (name ends in .ckz); not compressed again", path);
   if (o.to_stdout && o.remove_input) Fail("--rm cannot be used with -c");
   r.output = o.to_stdout ? "-" : (o.output.empty() ? DefaultArchiveName(path) : o.output);

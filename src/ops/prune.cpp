@@ -219,15 +219,13 @@ void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
 }  // namespace
 
 std::string ArchivedCheckpointName(const std::string& name) {
-  constexpr std::string_view kSuffix = ".ckz";
-  if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) return "";
-  std::string stem = name.substr(0, name.size() - kSuffix.size());
-  return StepFromName(stem) >= 0 ? stem : "";
+  std::string stem = ckz::WithoutArchiveSuffix(name);
+  return !stem.empty() && StepFromName(stem) >= 0 ? stem : "";
 }
 
 int64_t StepFromName(const std::string& name_arg) {
-  std::string name = name_arg;
-  if (name.ends_with(".ckz")) name.resize(name.size() - 4);
+  std::string name = ckz::WithoutArchiveSuffix(name_arg);
+  if (name.empty()) name = name_arg;
   static const std::vector<std::regex> patterns = {
       std::regex(R"(^global_step(\d+)$)"),
       std::regex(R"(^checkpoint-(\d+)$)"),

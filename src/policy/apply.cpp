@@ -506,7 +506,7 @@ StepOutcome RunVerify(const StepContext& c) {
 // and deletes it, no other step runs on it. keep_original: the archive is an output instead.
 
 std::string ArchiveName(const Entry& e) {
-  return e.name + ".ckz";
+  return e.name + std::string(ckz::kArchiveSuffix);
 }
 
 StepOutcome RunCompress(const StepContext& c) {
@@ -680,7 +680,7 @@ Applier::~Applier() = default;
 // archive is written and verified) and before the ledger knew: the checkpoint is NAME.ckz.
 bool Applier::State::CompressFinished(const std::string& name, policy::CheckpointRecord& rec) {
   if (rec.running_step != StepName(Step::kCompress) || !rec.running) return false;
-  std::string archive = name + ".ckz";
+  std::string archive = name + std::string(ckz::kArchiveSuffix);
   std::error_code ec;
   if (!fs::is_regular_file(fs::symlink_status(fs::path(root) / archive, ec))) return false;
   policy::StepRecord done = *rec.running;

@@ -151,15 +151,7 @@ int RunCompress(const CompressCliOptions& o) {
     for (const std::string& w : r.warnings)
       std::fprintf(stderr, "ckptool: warning: %s\n", Printable(w).c_str());
     if (o.json) {
-      doc["files"].push_back({{"input", r.input},
-                              {"output", r.output},
-                              {"before", r.before},
-                              {"after", r.after},
-                              {"files", r.files},
-                              {"chunks", r.chunks},
-                              {"tensors", r.tensors},
-                              {"plain_zstd_chunks", r.whole_chunks},
-                              {"removed", r.removed}});
+      doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
       if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,
@@ -226,12 +218,7 @@ int RunDecompress(const DecompressCliOptions& o) {
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
   auto report = [&](const DecompressResult& r) {
     if (o.json) {
-      doc["files"].push_back({{"input", r.input},
-                              {"output", r.output},
-                              {"archive_bytes", r.archive_bytes},
-                              {"restored_bytes", r.restored_bytes},
-                              {"files", r.files},
-                              {"removed", r.removed}});
+      doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
       if (progress_on) std::fputs("\r\033[K", stderr);
       Say(o.to_stdout,

@@ -129,16 +129,7 @@ int RunConvert(ConvertCliOptions o) {
     for (const std::string& w : r.warnings)
       std::cerr << "ckptool: warning: " << Printable(r.path + ": " + w) << "\n";
     if (o.json) {
-      doc["files"].push_back({{"path", r.path},
-                              {"output", r.output},
-                              {"before", r.before},
-                              {"after", r.after},
-                              {"converted_tensors", r.converted},
-                              {"kept_float32_tensors", r.kept_float32},
-                              {"kept_training_state_tensors", r.kept_training},
-                              {"kept", r.kept},
-                              {"lost_precision", r.lost_precision},
-                              {"warnings", r.warnings}});
+      doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
       if (r.converted == 0 && r.kept_float32 == 0) {
         std::cout << Printable(fmt::format("{} -> {}: no float32 tensors; {} unchanged", r.path,

@@ -178,13 +178,7 @@ int RunShrink(ShrinkCliOptions o) {
     before += r.before;
     after += r.after;
     if (o.json) {
-      doc["files"].push_back({{"path", r.path},
-                              {"output", r.output},
-                              {"before", r.before},
-                              {"after", r.after},
-                              {"saved", r.before - std::min(r.before, r.after)},
-                              {"rewritten", r.rewritten},
-                              {"note", r.note}});
+      doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (o.debug && !o.quiet) {
       std::cout << fmt::format("{}: before {}, after {}, saved {}{}\n", r.path, size(r.before),
                                size(r.after), size(r.before - std::min(r.before, r.after)),

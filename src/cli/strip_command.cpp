@@ -141,9 +141,7 @@ int RunStrip(StripCliOptions o) {
     const StripResult& r = results[i];
     before += r.before;
     after += r.after;
-    nlohmann::ordered_json dropped = nlohmann::ordered_json::array();
     for (const DroppedEntry& d : r.dropped) {
-      dropped.push_back({{"path", d.path}, {"bytes", d.bytes}});
       if (!o.json && !o.quiet)
         std::cout << Printable(fmt::format("{}: {} {} ({})", r.path,
                                            r.rewritten ? "dropped" : "would drop", d.path,
@@ -151,13 +149,7 @@ int RunStrip(StripCliOptions o) {
                   << "\n";
     }
     if (o.json) {
-      doc["files"].push_back({{"path", r.path},
-                              {"output", r.output},
-                              {"before", r.before},
-                              {"after", r.after},
-                              {"dropped", dropped},
-                              {"rewritten", r.rewritten},
-                              {"note", r.note}});
+      doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
       std::string why = r.dropped.empty() ? " (nothing to drop)"
                         : !r.note.empty() ? " (" + r.note + ")"

@@ -7,19 +7,12 @@ namespace ckpt {
 using nlohmann::json;
 
 namespace torch {
-void to_json(json& j, const Problem& p) {
-  j = {{"where", p.where}, {"what", p.what}};
-}
 void from_json(const json& j, Problem& p) {
   j.at("where").get_to(p.where);
   j.at("what").get_to(p.what);
 }
 }  // namespace torch
 
-void to_json(json& j, const ShrinkResult& r) {
-  j = {{"path", r.path},   {"output", r.output},       {"before", r.before},
-       {"after", r.after}, {"rewritten", r.rewritten}, {"note", r.note}};
-}
 void from_json(const json& j, ShrinkResult& r) {
   j.at("path").get_to(r.path);
   j.at("output").get_to(r.output);
@@ -29,18 +22,11 @@ void from_json(const json& j, ShrinkResult& r) {
   j.at("note").get_to(r.note);
 }
 
-void to_json(json& j, const DroppedEntry& d) {
-  j = {{"path", d.path}, {"bytes", d.bytes}};
-}
 void from_json(const json& j, DroppedEntry& d) {
   j.at("path").get_to(d.path);
   j.at("bytes").get_to(d.bytes);
 }
 
-void to_json(json& j, const StripResult& r) {
-  j = {{"path", r.path},       {"output", r.output},       {"before", r.before}, {"after", r.after},
-       {"dropped", r.dropped}, {"rewritten", r.rewritten}, {"note", r.note}};
-}
 void from_json(const json& j, StripResult& r) {
   j.at("path").get_to(r.path);
   j.at("output").get_to(r.output);
@@ -51,43 +37,20 @@ void from_json(const json& j, StripResult& r) {
   j.at("note").get_to(r.note);
 }
 
-void to_json(json& j, const ConvertResult& r) {
-  j = {{"path", r.path},
-       {"output", r.output},
-       {"before", r.before},
-       {"after", r.after},
-       {"storage_bytes", r.storage_bytes},
-       {"converted", r.converted},
-       {"kept_float32", r.kept_float32},
-       {"kept_training", r.kept_training},
-       {"kept", r.kept},
-       {"lost_precision", r.lost_precision},
-       {"warnings", r.warnings}};
-}
 void from_json(const json& j, ConvertResult& r) {
   j.at("path").get_to(r.path);
   j.at("output").get_to(r.output);
   j.at("before").get_to(r.before);
   j.at("after").get_to(r.after);
   j.at("storage_bytes").get_to(r.storage_bytes);
-  j.at("converted").get_to(r.converted);
-  j.at("kept_float32").get_to(r.kept_float32);
-  j.at("kept_training").get_to(r.kept_training);
+  j.at("converted_tensors").get_to(r.converted);
+  j.at("kept_float32_tensors").get_to(r.kept_float32);
+  j.at("kept_training_state_tensors").get_to(r.kept_training);
   j.at("kept").get_to(r.kept);
   j.at("lost_precision").get_to(r.lost_precision);
   j.at("warnings").get_to(r.warnings);
 }
 
-void to_json(json& j, const CompressResult& r) {
-  json transforms = json::array();
-  for (const CodingStats& s : r.by_transform) transforms.push_back({s.original, s.stored});
-  j = {{"input", r.input},           {"output", r.output},
-       {"before", r.before},         {"after", r.after},
-       {"files", r.files},           {"chunks", r.chunks},
-       {"tensors", r.tensors},       {"whole_chunks", r.whole_chunks},
-       {"by_transform", transforms}, {"warnings", r.warnings},
-       {"removed", r.removed}};
-}
 void from_json(const json& j, CompressResult& r) {
   j.at("input").get_to(r.input);
   j.at("output").get_to(r.output);
@@ -96,7 +59,7 @@ void from_json(const json& j, CompressResult& r) {
   j.at("files").get_to(r.files);
   j.at("chunks").get_to(r.chunks);
   j.at("tensors").get_to(r.tensors);
-  j.at("whole_chunks").get_to(r.whole_chunks);
+  j.at("plain_zstd_chunks").get_to(r.whole_chunks);
   const json& t = j.at("by_transform");
   if (t.size() != std::size(r.by_transform))
     Fail("by_transform: {} entries, {} expected", t.size(), std::size(r.by_transform));
@@ -108,14 +71,6 @@ void from_json(const json& j, CompressResult& r) {
   j.at("removed").get_to(r.removed);
 }
 
-void to_json(json& j, const DecompressResult& r) {
-  j = {{"input", r.input},
-       {"output", r.output},
-       {"archive_bytes", r.archive_bytes},
-       {"restored_bytes", r.restored_bytes},
-       {"files", r.files},
-       {"removed", r.removed}};
-}
 void from_json(const json& j, DecompressResult& r) {
   j.at("input").get_to(r.input);
   j.at("output").get_to(r.output);
@@ -125,9 +80,6 @@ void from_json(const json& j, DecompressResult& r) {
   j.at("removed").get_to(r.removed);
 }
 
-void to_json(json& j, const VerifyOutcome& r) {
-  j = {{"problems", r.problems}, {"ok", r.ok}, {"notes", r.notes}};
-}
 void from_json(const json& j, VerifyOutcome& r) {
   j.at("problems").get_to(r.problems);
   j.at("ok").get_to(r.ok);

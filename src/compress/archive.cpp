@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "base/error.h"
+#include "compress/pipeline.h"
 #include "io/crc32.h"
 
 namespace ckpt::ckz {
@@ -18,6 +20,30 @@ bool LooksLikeArchive(Bytes head) {
 std::string WithoutArchiveSuffix(std::string_view name) {
   if (name.size() <= kArchiveSuffix.size() || !name.ends_with(kArchiveSuffix)) return "";
   return std::string(name.substr(0, name.size() - kArchiveSuffix.size()));
+}
+
+void DecodeChunks(const Archive& a, size_t first, size_t count, unsigned threads,
+                  const DecodeLoop& loop) {
+  threads = std::max(1u, threads);
+  std::vector<std::unique_ptr<ChunkCoder>> coders(threads);
+  std::vector<std::vector<uint8_t>> buffers(threads);
+  ParallelWorkers(count, threads, [&](size_t j, unsigned w) {
+    size_t k = first + j;
+    if (loop.wanted && !loop.wanted(k)) return;
+    if (!coders[w]) coders[w] = std::make_unique<ChunkCoder>();
+    const Chunk& c = a.index().chunks[k];
+    buffers[w].resize(c.length);
+    if (loop.on_error) {
+      std::string error = a.TryDecodeChunk(*coders[w], k, buffers[w].data());
+      if (!error.empty()) {
+        loop.on_error(k, error);
+        return;
+      }
+    } else {
+      a.DecodeChunk(*coders[w], k, buffers[w].data());
+    }
+    if (loop.use) loop.use(k, Bytes(buffers[w].data(), c.length));
+  });
 }
 
 bool IsArchiveFile(const std::string& path) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,5 +58,18 @@ class Archive {
   Index index_;
   uint64_t index_frame_ = 0;
 };
+
+// The one parallel decode loop: chunks[k] for k in `chunks` (all of them when empty), on
+// `threads` workers, each with its own coder and buffer. `use(k, bytes)` gets chunk k decoded
+// and checked (on the worker; `bytes` is valid until it returns). A bad chunk throws (the
+// loop stops), or, with `on_error`, is handed to it ("" never) and the loop goes on.
+// `wanted(k)`, when given, skips chunks it returns false for.
+struct DecodeLoop {
+  std::function<void(size_t k, Bytes bytes)> use;
+  std::function<void(size_t k, const std::string& error)> on_error;
+  std::function<bool(size_t k)> wanted;
+};
+void DecodeChunks(const Archive& a, size_t first, size_t count, unsigned threads,
+                  const DecodeLoop& loop);
 
 }  // namespace ckpt::ckz

@@ -153,27 +153,25 @@ uint64_t WritePlainBytes(const Archive& a, size_t i, const std::string& path, un
   std::atomic<uint64_t> plain{0};
   try {
     if (::ftruncate(fd, static_cast<off_t>(e.size)) != 0) FailErrno(path, "cannot set the size");
-    std::vector<std::unique_ptr<ChunkCoder>> coders(threads);
-    std::vector<std::vector<uint8_t>> buffers(threads);
-    ParallelWorkers(e.chunk_count, threads, [&](size_t j, unsigned w) {
-      size_t k = static_cast<size_t>(e.first_chunk + j);
+    DecodeLoop loop;
+    loop.wanted = [&](size_t k) {  // chunks holding plain bytes only (tensors stay backed)
       const Chunk& c = index.chunks[k];
-      std::vector<Run> runs = RunsOf(e.ranges, c.offset, c.length);
-      bool any = false;
-      for (const Run& r : runs) any = any || r.transform == Transform::kBytes;
-      if (!any) return;
-      if (!coders[w]) coders[w] = std::make_unique<ChunkCoder>();
-      buffers[w].resize(c.length);
-      a.DecodeChunk(*coders[w], k, buffers[w].data());
+      for (const Run& r : RunsOf(e.ranges, c.offset, c.length))
+        if (r.transform == Transform::kBytes) return true;
+      return false;
+    };
+    loop.use = [&](size_t k, Bytes bytes) {
+      const Chunk& c = index.chunks[k];
       uint64_t at = 0;
-      for (const Run& r : runs) {
+      for (const Run& r : RunsOf(e.ranges, c.offset, c.length)) {
         if (r.transform == Transform::kBytes) {
-          WriteFullyAt(fd, {buffers[w].data() + at, r.length}, c.offset + at, path, "write failed");
+          WriteFullyAt(fd, bytes.subspan(at, r.length), c.offset + at, path, "write failed");
           plain += r.length;
         }
         at += r.length;
       }
-    });
+    };
+    DecodeChunks(a, static_cast<size_t>(e.first_chunk), e.chunk_count, threads, loop);
   } catch (...) {
     ::close(fd);
     throw;

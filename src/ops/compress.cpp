@@ -572,19 +572,15 @@ void RestoreFile(const ckz::Archive& a, const DecompressOptions& o, const std::s
   if (!force) CheckOutputFree(dest, false);
   AtomicOutput out = AtomicOutput::Create(dest, e.size);
   if (!a.map().path().empty()) out.RequireUnchanged(a.map());
-  unsigned threads = std::max(1u, o.threads);
-  std::vector<std::unique_ptr<ckz::ChunkCoder>> coders(threads);
-  std::vector<std::vector<uint8_t>> buffers(threads);
   std::vector<uint32_t> crcs(index.chunks.size());
-  ckz::ParallelWorkers(index.chunks.size(), threads, [&](size_t k, unsigned w) {
-    if (!coders[w]) coders[w] = std::make_unique<ckz::ChunkCoder>();
+  ckz::DecodeLoop loop;
+  loop.use = [&](size_t k, Bytes bytes) {
     const Chunk& ch = index.chunks[k];
-    buffers[w].resize(ch.length);
-    a.DecodeChunk(*coders[w], k, buffers[w].data());
-    crcs[k] = ch.crc;  // checked by DecodeChunk
-    out.Write(ch.offset, {buffers[w].data(), ch.length});
+    crcs[k] = ch.crc;  // checked by the decode
+    out.Write(ch.offset, bytes);
     if (o.bytes_done) *o.bytes_done += ch.length;
-  });
+  };
+  ckz::DecodeChunks(a, 0, index.chunks.size(), o.threads, loop);
   CheckFileCrcs(a, crcs);
   out.SetMode(RestoredMode(e), ::geteuid(), ::getegid());
   struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
@@ -667,18 +663,13 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
       ::close(fd);
     }
   }
-  unsigned threads = std::max(1u, o.threads);
-  std::vector<std::unique_ptr<ckz::ChunkCoder>> coders(threads);
-  std::vector<std::vector<uint8_t>> buffers(threads);
   std::vector<uint32_t> crcs(index.chunks.size());
   try {
-    ckz::ParallelWorkers(index.chunks.size(), threads, [&](size_t k, unsigned w) {
-      if (!coders[w]) coders[w] = std::make_unique<ckz::ChunkCoder>();
+    ckz::DecodeLoop loop;
+    loop.use = [&](size_t k, Bytes bytes) {
       const Chunk& ch = index.chunks[k];
       const Entry& e = index.entries[ch.file];
       OpenFile& f = *files[ch.file];
-      buffers[w].resize(ch.length);
-      a.DecodeChunk(*coders[w], k, buffers[w].data());
       crcs[k] = ch.crc;
       int fd;
       {
@@ -689,7 +680,7 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
         }
         fd = f.fd;
       }
-      WriteFullyAt(fd, Bytes(buffers[w].data(), ch.length), ch.offset, at(e), "write failed");
+      WriteFullyAt(fd, bytes, ch.offset, at(e), "write failed");
       if (o.bytes_done) *o.bytes_done += ch.length;
       if (f.pending.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> lock(f.mu);
@@ -697,7 +688,8 @@ void RestoreFolder(const ckz::Archive& a, const DecompressOptions& o, const std:
         ::close(f.fd);
         f.fd = -1;
       }
-    });
+    };
+    ckz::DecodeChunks(a, 0, index.chunks.size(), o.threads, loop);
   } catch (...) {
     for (auto& f : files)
       if (f && f->fd >= 0) ::close(f->fd);
@@ -790,17 +782,12 @@ DecompressResult DecompressArchive(const std::string& path, const DecompressOpti
 ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads) {
   const Index& index = a.index();
   ArchiveVerifyResult r;
-  threads = std::max(1u, threads);
-  std::vector<std::unique_ptr<ckz::ChunkCoder>> coders(threads);
-  std::vector<std::vector<uint8_t>> buffers(threads);
   std::vector<std::string> errors(index.chunks.size());
   std::vector<char> ok(index.chunks.size(), 0);
-  ckz::ParallelWorkers(index.chunks.size(), threads, [&](size_t k, unsigned w) {
-    if (!coders[w]) coders[w] = std::make_unique<ckz::ChunkCoder>();
-    buffers[w].resize(index.chunks[k].length);
-    errors[k] = a.TryDecodeChunk(*coders[w], k, buffers[w].data());
-    ok[k] = errors[k].empty();
-  });
+  ckz::DecodeLoop loop;
+  loop.use = [&](size_t k, Bytes) { ok[k] = 1; };
+  loop.on_error = [&](size_t k, const std::string& error) { errors[k] = error; };
+  ckz::DecodeChunks(a, 0, index.chunks.size(), threads, loop);
   r.chunks = index.chunks.size();
   std::vector<bool> bad_file(index.entries.size(), false);
   for (size_t k = 0; k < errors.size(); ++k) {

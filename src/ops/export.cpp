@@ -31,6 +31,7 @@
 #include "ops/conversion_tally.h"
 #include "ops/dcp_export.h"
 #include "ops/discovery.h"
+#include "ops/element_convert.h"
 #include "ops/logical_export.h"
 #include "ops/piece_writer.h"
 #include "ops/safetensors_output.h"
@@ -51,6 +52,7 @@ struct ExportedTensor {
   size_t tensor = 0;  // into the file's torch tensor table, or its safetensors entries
   std::string name;   // kept name
   torch::DType dtype = torch::DType::kFloat32;  // as written
+  torch::DType from = torch::DType::kFloat32;   // as stored
   bool convert = false;
   uint64_t size = 0;  // bytes written
   uint32_t crc = 0;
@@ -104,12 +106,51 @@ std::string ChooseSelection(const std::vector<std::unique_ptr<CheckpointFile>>& 
   return ModelKey(files[0]->torch->model);
 }
 
+// Does --dtype convert a tensor stored as `d`? Every floating type one rounding makes the
+// half type: float32, float16, bfloat16 (float64 would round twice); the same rule as the
+// logical export's (ops/logical_export.cpp), whatever holds the model.
+bool Converts(const ExportOptions& o, torch::DType d) {
+  return o.to && torch::IsFloatingPoint(d) && d != torch::DTypeOf(*o.to) &&
+         CanConvert(d, torch::DTypeOf(*o.to));
+}
+
+// Writes `src` (elements stored as `from`) at `dst`: through the float32 kernels
+// (WritePiece) for float32, else through WriteConverted; `to` unset copies. Returns the CRC32
+// of what was written.
+uint32_t WriteElements(AtomicOutput& out, uint64_t dst, Bytes src, torch::DType from,
+                       std::optional<kernels::Half> to, kernels::ConversionLoss* loss) {
+  if (!to || from == torch::DType::kFloat32) return WritePiece(out, dst, src, to, nullptr, 0, loss);
+  return WriteConverted(out, dst, src, from, torch::DTypeOf(*to), nullptr);
+}
+
+// WriteElements of [offset, offset + size) of `in`, through small windows (WriteRange for
+// float32 and copies).
+uint32_t WriteElementRange(AtomicOutput& out, uint64_t dst, const MappedFile& in, uint64_t offset,
+                           uint64_t size, torch::DType from, std::optional<kernels::Half> to,
+                           kernels::ConversionLoss* loss) {
+  if (!to || from == torch::DType::kFloat32)
+    return WriteRange(out, dst, in, offset, size, to, nullptr, loss);
+  const uint64_t scale = torch::ElementSize(torch::DTypeOf(*to));
+  const uint64_t in_size = torch::ElementSize(from);
+  uint32_t crc = 0;
+  uint64_t written = 0;
+  StreamRange(in, offset, size, [&](uint64_t, Bytes window) {
+    uint32_t c = WriteElements(out, dst + written, window, from, to, loss);
+    uint64_t n = window.size() / in_size * scale;
+    crc = written ? Crc32Combine(crc, c, n) : c;
+    written += n;
+  });
+  return crc;
+}
+
 // A torch tensor as a safetensors source: contiguous ones are cut into parallel pieces;
 // strided ones are gathered in one go.
 TensorSource SourceOf(const ExportedTensor& it, size_t index, const CheckpointFile& f,
                       std::optional<kernels::Half> to, ConversionTally& tally) {
   std::optional<kernels::Half> convert = it.convert ? to : std::nullopt;
-  uint64_t scale = it.convert ? 2 : 1;
+  // input bytes per output byte (2 from float32 to a half type)
+  uint64_t scale = it.convert ? torch::ElementSize(it.from) / torch::ElementSize(it.dtype) : 1;
+  const torch::DType from = it.from;
   if (f.st) {  // a safetensors tensor: one contiguous range
     const safetensors::TensorEntry& e = f.st->tensors[it.tensor];
     std::optional<std::vector<int64_t>> shape = torch::TorchShape(it.dtype, e.shape);
@@ -119,11 +160,11 @@ TensorSource SourceOf(const ExportedTensor& it, size_t index, const CheckpointFi
     uint64_t at = f.st->data_offset + e.begin;
     src.input = &f.map;
     src.input_range = {at, it.size * scale};
-    src.write = [&f, at, convert, scale, index, &tally](AtomicOutput& out, uint64_t dst,
-                                                        uint64_t off, uint64_t len) {
+    src.write = [&f, at, convert, scale, from, index, &tally](AtomicOutput& out, uint64_t dst,
+                                                              uint64_t off, uint64_t len) {
       kernels::ConversionLoss loss;
       uint32_t crc =
-          WriteRange(out, dst, f.map, at + off * scale, len * scale, convert, nullptr, &loss);
+          WriteElementRange(out, dst, f.map, at + off * scale, len * scale, from, convert, &loss);
       if (convert) tally.Add(index, loss);
       return crc;
     };
@@ -139,20 +180,20 @@ TensorSource SourceOf(const ExportedTensor& it, size_t index, const CheckpointFi
       src.input_range = {s.data_offset + t.byte_begin, it.size * scale};
     }
   }
-  src.write = [&f, &t, convert, scale, name, index, &tally](AtomicOutput& out, uint64_t dst,
-                                                            uint64_t off, uint64_t len) {
+  src.write = [&f, &t, convert, scale, from, name, index, &tally](AtomicOutput& out, uint64_t dst,
+                                                                  uint64_t off, uint64_t len) {
     kernels::ConversionLoss loss;
     uint32_t crc = 0;
     if (IsContiguous(t)) {
       const torch::Storage& s = f.torch->model.storages[t.storage];
       if (!s.present || s.compressed)
         Fail("tensor '{}': its storage record is compressed or missing", name);
-      crc = WriteRange(out, dst, f.map, s.data_offset + t.byte_begin + off * scale, len * scale,
-                       convert, nullptr, &loss);
+      crc = WriteElementRange(out, dst, f.map, s.data_offset + t.byte_begin + off * scale,
+                              len * scale, from, convert, &loss);
     } else {
       uint64_t written = 0;
       StreamTensorBytes(f.map, *f.torch, t, [&](Bytes piece) {
-        uint32_t c = WritePiece(out, dst + written, piece, convert, nullptr, 0, &loss);
+        uint32_t c = WriteElements(out, dst + written, piece, from, convert, &loss);
         uint64_t n = piece.size() / scale;
         crc = written ? Crc32Combine(crc, c, n) : c;
         written += n;
@@ -269,10 +310,11 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.name = Relative(e.name, r.selected);
         it.dtype = *dtype;
         it.size = e.end - e.begin;
-        if (o.to && *dtype == torch::DType::kFloat32) {
+        it.from = *dtype;
+        if (Converts(o, *dtype)) {
           it.convert = true;
           it.dtype = torch::DTypeOf(*o.to);
-          it.size /= 2;
+          it.size = it.size / torch::ElementSize(*dtype) * torch::ElementSize(it.dtype);
         }
         claim(it.name, fi);
         items.push_back(it);
@@ -328,10 +370,11 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
         it.name = shown;
         it.dtype = t.dtype;
         it.size = t.numel * torch::ElementSize(t.dtype);
-        if (o.to && t.dtype == torch::DType::kFloat32) {
+        it.from = t.dtype;
+        if (Converts(o, t.dtype)) {
           it.convert = true;
           it.dtype = torch::DTypeOf(*o.to);
-          it.size /= 2;
+          it.size = t.numel * torch::ElementSize(it.dtype);
         }
         items.push_back(it);
       }

@@ -68,9 +68,9 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const LogicalTensor& t = m.tensors[i];
     DType out_dtype = t.dtype;
-    // --dtype stores float32 tensors as the half type, as the file engine (ops/export.cpp)
-    // and convert do; other dtypes stay as they are.
-    if (half && t.dtype == DType::kFloat32 && CanConvert(t.stored, *half)) out_dtype = *half;
+    // --dtype stores every floating tensor that one rounding makes the half type (float32,
+    // float16, bfloat16; not float64), as the file engine (ops/export.cpp) does.
+    if (half && torch::IsFloatingPoint(t.dtype) && CanConvert(t.stored, *half)) out_dtype = *half;
     if (!CanConvert(t.stored, out_dtype))
       Fail("tensor '{}': cannot make {} of {}", t.name, torch::Name(out_dtype),
            torch::Name(t.stored));

@@ -532,8 +532,7 @@ class DcpCliTest(CkptTestCase):
                 out = self.path(f"{name}_bf16")
                 run("export", fx.folder, "--to", out, "--dtype", "bf16")
                 got, _ = self.read_export(out)
-                # float32 tensors become bf16, as from a torch file; other dtypes stay
-                self.assert_export_equals(got, {k: v.to(torch.bfloat16) if v.dtype == torch.float32 else v
+                self.assert_export_equals(got, {k: v.to(torch.bfloat16) if v.is_floating_point() else v
                                                 for k, v in default_export(ref).items()})
 
     def test_export_to_torch_file(self):

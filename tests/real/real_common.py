@@ -161,15 +161,22 @@ def assert_same_sharing(case, a, b, msg=""):
                                  f"{msg} {x} vs {y}: distance in the storage changed")
 
 
-def assert_converted(case, got, src, dtype, name=""):
-    """got is src converted to dtype as torch rounds it (float32 sources; others unchanged),
+def assert_converted(case, got, src, dtype, name="", every_float=False):
+    """got is src converted to dtype as torch rounds it (float32 sources, as convert does; with
+    every_float, also float16 and bfloat16 ones, as export --dtype does; others unchanged),
     bit for bit except that a NaN need only stay a NaN (the README keeps its sign and makes it
     quiet; torch's vectorised path writes 0xffff)."""
     import torch
-    want = src.to(dtype) if src.dtype == torch.float32 else src
+    sources = (torch.float32, torch.float16, torch.bfloat16) if every_float else (torch.float32,)
+    want = src.to(dtype) if src.dtype in sources else src
     case.assertEqual(got.dtype, want.dtype, name)
     case.assertEqual(tuple(got.shape), tuple(want.shape), name)
-    if want.dtype in (torch.bfloat16, torch.float16) and src.dtype == torch.float32:
+    if src.dtype in (torch.float16, torch.bfloat16) and src.dtype != want.dtype:
+        g, w = got.detach().reshape(-1), want.detach().reshape(-1)
+        nan = torch.isnan(w.float())
+        case.assertTrue(torch.equal(torch.isnan(g.float()), nan), f"{name}: NaNs moved")
+        case.assertEqual(raw(g[~nan]), raw(w[~nan]), f"{name}: not torch's rounding")
+    elif want.dtype in (torch.bfloat16, torch.float16) and src.dtype == torch.float32:
         g, w = got.detach().reshape(-1), want.detach().reshape(-1)
         nan = torch.isnan(w.float())
         case.assertTrue(torch.equal(torch.isnan(g.float()), nan), f"{name}: NaNs moved")

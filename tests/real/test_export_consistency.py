@@ -1,7 +1,7 @@
 """One export engine: the same model exported from a torch file, a Hugging Face model folder, a
 torch.distributed.checkpoint folder, a DeepSpeed ZeRO folder and a .ckz archive of each gives
-the same tensors (names, dtypes, shapes, bytes), the same --dtype rule (float32 tensors only
-become bf16) and the same tied-name records (the first name in the source's order kept, the
+the same tensors (names, dtypes, shapes, bytes), the same --dtype rule (float32, float16 and
+bfloat16 tensors become bf16, as DeepSpeed's converter makes them) and the same tied-name records (the first name in the source's order kept, the
 others recorded as aliases), whatever holds the model.
 
 The model is the one real DeepSpeed 0.19 trained (real_ds_train.py, ZeRO-2, tied embedding and
@@ -47,7 +47,7 @@ class ExportConsistency(TempDirTest):
         zero = os.path.join(root, "ckpt")
         with contextlib.redirect_stdout(io.StringIO()):
             sd = get_fp32_state_dict_from_zero_checkpoint(zero)
-        sd["half_buffer"] = torch.arange(6, dtype=torch.float16)  # not float32: stays fp16
+        sd["half_buffer"] = torch.arange(6, dtype=torch.float16)  # float16: becomes bf16 too
         tied = [k for k in sd if k != "emb.weight" and sd[k] is sd.get("emb.weight")]
         self.assertEqual(tied, ["head.weight"])
         sources = {"zero": zero}
@@ -91,7 +91,7 @@ class ExportConsistency(TempDirTest):
                     self.assertEqual(tuple(tensors[k].shape), tuple(t.shape), k)
                     self.assertTrue(torch.equal(as_bytes(tensors[k]), as_bytes(t)), k)
                 self.assertEqual(aliases, want_aliases)
-        self.assertEqual(ref_tensors["half_buffer"].dtype, torch.float16)
+        self.assertEqual(ref_tensors["half_buffer"].dtype, torch.bfloat16)
         self.assertEqual(ref_aliases, {"head.weight": "emb.weight"})
         self.assertIn("emb.weight", ref_tensors)
         self.assertEqual(ref_tensors["emb.weight"].dtype, torch.bfloat16)

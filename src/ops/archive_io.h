@@ -1,0 +1,81 @@
+// File plumbing shared by the archive jobs (compress.cpp, decompress.cpp,
+// archive_report.cpp): where archive bytes go (sinks), file times and checks, and the
+// per-transform statistics of an index. Private to ops/.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <ctime>
+#include <string>
+#include <string_view>
+
+#include "base/byte_cursor.h"
+#include "compress/format.h"
+#include "io/atomic_output.h"
+#include "ops/compress.h"
+
+namespace ckpt::archive_io {
+
+// Chunks in flight per thread in the ordered writer (result slots of up to ~1 MiB each).
+inline constexpr size_t kSlotsPerThread = 4;
+
+int64_t MtimeNs(const struct stat& st);
+struct timespec ToTimespec(int64_t ns);
+[[noreturn]] void FailErrno(const std::string& path, std::string_view what);
+std::string StripSlashes(std::string p);
+bool PathExists(const std::string& p);
+// Refuses an existing output unless `force`.
+void CheckOutputFree(const std::string& out, bool force);
+
+// Where the archive's bytes go: a temp file that becomes the archive, or stdout.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual void Write(uint64_t offset, Bytes data) = 0;
+};
+
+class FileSink : public Sink {
+ public:
+  explicit FileSink(AtomicOutput& out) : out_(out) {}
+  void Write(uint64_t offset, Bytes data) override { out_.Write(offset, data); }
+
+ private:
+  AtomicOutput& out_;
+};
+
+// Nowhere: a dry run only counts the bytes.
+class NullSink : public Sink {
+ public:
+  void Write(uint64_t, Bytes) override {}
+};
+
+// Sequential writes to a descriptor (stdout); offsets only checked.
+class StreamSink : public Sink {
+ public:
+  StreamSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+  void Write(uint64_t offset, Bytes data) override;
+
+ private:
+  int fd_;
+  std::string name_;
+  uint64_t pos_ = 0;
+};
+
+struct PlaneStat {
+  uint64_t original = 0;
+  uint64_t stored = 0;
+  uint64_t methods[3] = {};  // planes per method
+};
+struct IndexStats {
+  PlaneStat planes[ckz::kTransforms][8];
+  CodingStats transforms[ckz::kTransforms];
+  CodingStats fallback;  // typed chunks coded whole by plain zstd
+  uint64_t fallback_chunks = 0;
+  uint64_t chunk_headers = 0;
+};
+
+// Per transform and plane, what the index's chunks hold and store.
+IndexStats StatsOf(const ckz::Index& index);
+
+}  // namespace ckpt::archive_io

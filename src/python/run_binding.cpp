@@ -56,6 +56,16 @@ struct TempFile {
   }
 };
 
+// The progress observer for one command, removed whatever happens (it refers to the
+// caller's callback, which outlives only this call).
+class Observing {
+ public:
+  explicit Observing(cli::ProgressObserver o) { cli::SetProgressObserver(std::move(o)); }
+  ~Observing() { cli::SetProgressObserver(nullptr); }
+  Observing(const Observing&) = delete;
+  Observing& operator=(const Observing&) = delete;
+};
+
 void FlushAll() {
   std::cout.flush();
   std::cerr.flush();
@@ -104,11 +114,10 @@ void BindRun(py::module_& m) {
           FlushAll();
           {
             Redirect o(1, out.f), e(2, err.f);
-            cli::SetProgressObserver(observer);
+            Observing observing(std::move(observer));
             cluster::BeginCommand();
             rc = cli::RunCommandLine(static_cast<int>(owned.size()), argv.data());
             rc = cluster::Finish(rc);
-            cli::SetProgressObserver(nullptr);
             FlushAll();
           }
         }

@@ -12,8 +12,7 @@ namespace fs = std::filesystem;
 ArchiveInputs::ArchiveInputs(std::vector<std::string>& paths, const std::string& output,
                              unsigned threads, const char* give) {
   for (std::string& p : paths) {
-    std::error_code ec;
-    if (!fs::is_regular_file(p, ec) || !ckz::IsArchiveFile(p)) continue;
+    if (!ckz::IsArchiveFile(p)) continue;
     if (output.empty()) {
       Fail(
           "{}: an archive is rewritten into a new checkpoint: give {} (ckptool decompress "

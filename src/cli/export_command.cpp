@@ -138,31 +138,19 @@ int RunExport(const ExportCliOptions& o) {
   if (!cluster::IsRoot()) return 0;  // rank 0 reports
   for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << Printable(w) << "\n";
   if (o.json) {
-    nlohmann::ordered_json j = {{"selected", r.selected},
-                                {"files", r.files},
-                                {"tensors", r.tensors},
-                                {"aliases", r.aliases},
-                                {"bytes", r.bytes}};
-    if (r.archive_plain_bytes + r.archive_backed_bytes)
-      j["archive"] = {{"plain_bytes", r.archive_plain_bytes},
-                      {"tensor_bytes_in_place", r.archive_backed_bytes}};
-    PrintJson(j);
+    PrintJson(nlohmann::ordered_json(r));
     return 0;
   }
   if (o.quiet) return 0;
+  const std::string what =
+      r.selected.empty() ? r.source : fmt::format("'{}' of {}", r.selected, r.source);
   if (o.dry_run) {
     std::cout << fmt::format("Would export {} ({}) from {} to {} (dry run: nothing written)\n",
-                             Count(r.tensors, "tensor"), HumanBytes(r.bytes),
-                             r.selected.empty() ? "the whole object" : "'" + r.selected + "'",
-                             o.to);
+                             Count(r.tensors, "tensor"), HumanBytes(r.bytes), what, o.to);
     return 0;
   }
   std::cout << fmt::format(
-      "Exported {} ({}) from {}{} into:\n", Count(r.tensors, "tensor"), HumanBytes(r.bytes),
-      r.selected.empty() ? "the whole object"
-      : r.selected.starts_with("DeepSpeed") || r.selected.starts_with("torch.")
-          ? r.selected
-          : "'" + r.selected + "'",
+      "Exported {} ({}) from {}{} into:\n", Count(r.tensors, "tensor"), HumanBytes(r.bytes), what,
       r.aliases ? fmt::format(" ({} recorded as aliases)", Count(r.aliases, "tied name")) : "");
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
   if (r.archive_plain_bytes + r.archive_backed_bytes)
@@ -184,7 +172,7 @@ Runner AddExport(CLI::App& app) {
       ->required();
   app.add_option("-o,--output,--to", o->to,
                  "Output folder (model.safetensors or shards + index), a .safetensors file, or "
-                 "(DeepSpeed ZeRO) a torch file: .pt, .pth, .bin, .ckpt")
+                 "a torch file: .pt, .pth, .bin, .ckpt")
       ->required();
   app.add_option(
       "--select", o->select,
@@ -192,7 +180,8 @@ Runner AddExport(CLI::App& app) {
   app.add_flag("--all", o->all,
                "Everything the checkpoint holds: training state (optimizer, scheduler, RNG) and "
                "training-only files too, not just the model");
-  app.add_option("--dtype", o->dtype, "Also store float32 tensors as bf16 or fp16")
+  app.add_option("--dtype", o->dtype,
+                 "Store floating-point tensors (float32, float16, bfloat16) as bf16 or fp16")
       ->check(CLI::IsMember({"bf16", "fp16"}));
   app.add_option("--max-shard-size", o->max_shard_size,
                  "Shard size, e.g. 5GB or 500MiB (KB/MB/GB are 10^3)");

@@ -1,5 +1,7 @@
 #include "compress/archive.h"
 
+#include <filesystem>
+
 #include <zstd.h>
 
 #include <algorithm>
@@ -47,6 +49,8 @@ void DecodeChunks(const Archive& a, size_t first, size_t count, unsigned threads
 }
 
 bool IsArchiveFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;  // never open a FIFO
   try {
     MappedFile m = MappedFile::Open(path);
     return LooksLikeArchive(m.bytes());

@@ -20,6 +20,8 @@ namespace ckpt::ckz {
 // Does the file start with the .ckz magic number? What an archive is, is decided by content
 // (these two) everywhere; the suffix only names archives (PATH -> PATH.ckz and back).
 bool LooksLikeArchive(Bytes head);
+// A regular file (never a FIFO or device: nothing is opened that could block) whose head is
+// LooksLikeArchive.
 bool IsArchiveFile(const std::string& path);
 
 inline constexpr std::string_view kArchiveSuffix = ".ckz";

@@ -39,6 +39,7 @@
 #include "base/names.h"
 #include "file/checkpoint_file.h"
 #include "torch/dtype.h"
+#include "torch/logical_model.h"
 
 namespace ckpt::deepspeed {
 
@@ -109,6 +110,11 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
 // files, then the optimizer files, each with its torch model (the fuzz target and tests give
 // them from memory). Fills stage, world_size, tensors and aliases.
 void Consolidate(ZeroCheckpoint& z);
+
+// The consolidated model as logical tensors whose spans are pieces of the rank files (which
+// `z` keeps mapped: it must outlive the model), aliases as shared_params names them; frozen
+// parameters left out when asked (zero_logical_model.cpp).
+LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen);
 
 using ckpt::DigitAwareLess;  // base/names.h
 

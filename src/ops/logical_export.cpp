@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 #include "io/atomic_output.h"
@@ -57,10 +58,10 @@ bool IsTorchOutputPath(const std::string& to) {
 
 ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const ExportOptions& o) {
   ExportResult r;
-  r.selected = m.description;
   r.warnings = m.warnings;
   std::optional<DType> half;
   if (o.to) half = torch::DTypeOf(*o.to);
+  const bool torch_output = IsTorchOutputPath(to);
   std::vector<TensorSource> outputs;
   outputs.reserve(m.tensors.size());
   std::set<std::string_view> written;
@@ -69,15 +70,21 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
     const LogicalTensor& t = m.tensors[i];
     DType out_dtype = t.dtype;
     // --dtype stores every floating tensor that one rounding makes the half type (float32,
-    // float16, bfloat16; not float64), as the file engine (ops/export.cpp) does.
+    // float16, bfloat16; not float64).
     if (half && torch::IsFloatingPoint(t.dtype) && CanConvert(t.stored, *half)) out_dtype = *half;
     if (!CanConvert(t.stored, out_dtype))
       Fail("tensor '{}': cannot make {} of {}", t.name, torch::Name(out_dtype),
            torch::Name(t.stored));
+    if (!torch_output && torch::Info(out_dtype).safetensors.empty())
+      Fail("tensor '{}': safetensors has no {} dtype", t.name, torch::Name(out_dtype));
     uint64_t out_size = torch::ElementSize(out_dtype);
-    TensorSource src{t.name, out_dtype, t.shape, t.numel * out_size, false, nullptr};
-    bool measured = out_dtype != t.stored && t.stored == DType::kFloat32 &&
-                    (out_dtype == DType::kBFloat16 || out_dtype == DType::kFloat16);
+    TensorSource src{t.name, out_dtype, t.shape, t.numel * out_size, t.whole, nullptr};
+    if (t.input >= 0 && !t.whole) {
+      src.input = m.inputs[static_cast<size_t>(t.input)];
+      src.input_range = {t.offset, t.numel * torch::ElementSize(t.stored)};
+    }
+    // Every narrowing to a half type is measured (from float32, or between the two halves).
+    bool measured = out_dtype != t.stored && torch::HalfOf(out_dtype).has_value();
     src.write = [&t, out_dtype, measured, i, &tally](AtomicOutput& out, uint64_t dst, uint64_t off,
                                                      uint64_t len) {
       kernels::ConversionLoss loss;
@@ -87,6 +94,18 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
     };
     outputs.push_back(std::move(src));
     written.insert(t.name);
+  }
+  // When one input holds each tensor: read in the inputs' order, each by position in it.
+  if (!m.tensors.empty() && std::all_of(m.tensors.begin(), m.tensors.end(),
+                                        [](const LogicalTensor& t) { return t.input >= 0; })) {
+    std::vector<uint32_t> by_position(m.tensors.size());
+    for (uint32_t i = 0; i < by_position.size(); ++i) by_position[i] = i;
+    std::sort(by_position.begin(), by_position.end(), [&m](uint32_t a, uint32_t b) {
+      const LogicalTensor &x = m.tensors[a], &y = m.tensors[b];
+      return std::tie(x.input, x.offset) < std::tie(y.input, y.offset);
+    });
+    for (uint32_t rank = 0; rank < by_position.size(); ++rank)
+      outputs[by_position[rank]].read_order = rank;
   }
   std::map<std::string, std::string> aliases;
   for (const auto& [alias, owner] : m.aliases) {
@@ -98,7 +117,7 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
     for (const TensorSource& t : outputs) r.bytes += t.size;
     return r;
   }
-  if (IsTorchOutputPath(to)) {
+  if (torch_output) {
     if (o.max_shard_size) Fail("--max-shard-size applies to safetensors output, not {}", to);
     TorchOutputOptions to_opts;
     to_opts.threads = o.threads;

@@ -2,14 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/names.h"
 #include "compress/archive.h"
 #include "io/range_stream.h"
 #include "ops/discovery.h"
-#include "ops/zero_export.h"
+#include "ops/training_state.h"
 #include "torch/global_policy.h"
 #include "torch/tensor_bytes.h"
 
@@ -17,55 +19,123 @@ namespace ckpt {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The model's key in a folder of flat fqns (DCP): the first of the keys ModelKey knows that
+// holds tensors.
+std::string FlatModelKey(const LogicalModel& m) {
+  for (const char* candidate : {"state_dict", "module", "model_state_dict", "model"}) {
+    for (const LogicalTensor& t : m.tensors) {
+      if (IsBelowKeyPath(t.name, candidate)) return candidate;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 OpenedCheckpoint::~OpenedCheckpoint() = default;
 
 std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path,
                                                          const OpenOptions& o) {
+  return Open(std::vector<std::string>{path}, o);
+}
+
+std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::string>& paths,
+                                                         const OpenOptions& o) {
+  if (paths.empty()) Fail("no checkpoint given");
   std::unique_ptr<OpenedCheckpoint> c(new OpenedCheckpoint());
-  c->path_ = c->opened_ = path;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) Fail("{}: no such file or folder", path);
-  if (fs::is_regular_file(path, ec) && ckz::IsArchiveFile(path)) {
-    c->archive_ = ArchiveView::Open(path, ReadOnlyTempParent(), o.threads);
-    c->opened_ = c->archive_->root();
-  }
-  const std::string& at = c->opened_;
-  try {
-    if (fs::is_directory(at, ec)) {
-      if (deepspeed::LooksLikeZeroCheckpoint(at)) {
-        c->kind_ = "zero";
-        c->zero_ =
-            std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
-        c->model_ = ZeroLogicalModel(*c->zero_, false);
-        c->places_.resize(c->model_.tensors.size());
-      } else if (dcp::LooksLikeDcpCheckpoint(at)) {
-        c->kind_ = "dcp";
-        c->dcp_ = std::make_unique<dcp::Checkpoint>(dcp::OpenDcp(at));
-        const dcp::Checkpoint& d = *c->dcp_;
-        if (!d.problems.empty()) {
-          Fail("{}: {} ({} problem(s) in all; run ckptool verify)", d.problems[0].where,
-               d.problems[0].what, d.problems.size());
-        }
-        for (const torch::UnsafeFinding& u : d.meta.scan.findings)
-          c->model_.warnings.push_back(fmt::format("the metadata's pickle {} (never run)", u.what));
-        LogicalModel m = dcp::DcpLogicalModel(d);
-        m.warnings.insert(m.warnings.begin(), c->model_.warnings.begin(), c->model_.warnings.end());
-        c->model_ = std::move(m);
-        c->places_.resize(c->model_.tensors.size());
-      } else {
-        c->kind_ = "model-folder";
-        c->OpenFiles(ModelFilesIn(at, false));
-      }
+  c->path_ = paths.size() == 1 ? paths[0] : fmt::format("{} paths", paths.size());
+  const std::string parent = o.temp_parent.empty() ? ReadOnlyTempParent() : o.temp_parent;
+  std::vector<std::string> opened;  // each path, an archive as the path it holds
+  std::vector<std::string> prefixes;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (!fs::exists(p, ec)) Fail("{}: no such file or folder", p);
+    if (ckz::IsArchiveFile(p)) {
+      c->archives_.push_back(ArchiveView::Open(p, parent, o.threads));
+      opened.push_back(c->archives_.back()->root());
     } else {
-      c->OpenFiles({at});
-      c->kind_ = FormatName(c->files_[0]->format);
+      opened.push_back(p);
+    }
+  }
+  c->opened_ = opened[0];
+  try {
+    if (opened.size() == 1) {
+      c->OpenOne(opened[0], o);
+    } else {
+      std::vector<std::string> files;
+      for (const std::string& p : opened) {
+        std::error_code ec;
+        if (!fs::is_directory(p, ec)) {
+          files.push_back(p);
+          continue;
+        }
+        if (deepspeed::LooksLikeZeroCheckpoint(p) || dcp::LooksLikeDcpCheckpoint(p))
+          Fail(
+              "{}: a DeepSpeed ZeRO or torch.distributed.checkpoint folder is one checkpoint: "
+              "give it alone",
+              p);
+        std::vector<std::string> found = ModelFilesIn(p, o.all_files);
+        files.insert(files.end(), found.begin(), found.end());
+      }
+      c->kind_ = "files";
+      c->OpenFiles(files);
     }
   } catch (const Error& e) {
-    if (!c->archive_) throw;
-    Fail("{}", c->archive_->Rename(e.what(), path + ": "));
+    if (c->archives_.empty()) throw;
+    std::string what = e.what();
+    for (size_t i = 0, k = 0; i < paths.size(); ++i) {
+      if (opened[i] != paths[i]) what = c->archives_[k++]->Rename(what, paths[i] + ": ");
+    }
+    Fail("{}", what);
   }
+  if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
+    Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
   c->Index();
   return c;
+}
+
+void OpenedCheckpoint::OpenOne(const std::string& at, const OpenOptions& o) {
+  std::error_code ec;
+  if (!fs::is_directory(at, ec)) {
+    OpenFiles({at});
+    kind_ = FormatName(files_[0]->format);
+    return;
+  }
+  if (deepspeed::LooksLikeZeroCheckpoint(at)) {
+    kind_ = "zero";
+    zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
+    unsafe_ = zero_->findings;
+    model_ = deepspeed::ZeroLogicalModel(*zero_, o.exclude_frozen);
+    places_.resize(model_.tensors.size());
+    return;
+  }
+  if (!dcp::LooksLikeDcpCheckpoint(at)) {
+    kind_ = "model-folder";
+    OpenFiles(ModelFilesIn(at, o.all_files));
+    return;
+  }
+  kind_ = "dcp";
+  dcp_ = std::make_unique<dcp::Checkpoint>(dcp::OpenDcp(at));
+  const dcp::Checkpoint& d = *dcp_;
+  if (!d.problems.empty()) {
+    Fail("{}: {}: {} ({} problem(s) in all; run ckptool verify)", at, d.problems[0].where,
+         d.problems[0].what, d.problems.size());
+  }
+  // The metadata is the index every tensor is read by: one that imports or calls anything
+  // beyond plain data is not read further.
+  for (const torch::UnsafeFinding& u : d.meta.scan.findings)
+    Fail("{}: {}: the pickle {}; refusing to read it further", at, d.metadata_files[0], u.what);
+  for (const dcp::Object& ob : d.objects) {
+    for (const torch::UnsafeFinding& u : d.items[static_cast<size_t>(ob.item)].scan.findings)
+      unsafe_.push_back(fmt::format("object '{}': the pickle {}", ob.fqn, u.what));
+  }
+  model_ = dcp::DcpLogicalModel(d);
+  model_key_ = FlatModelKey(model_);
+  const TrainingState training("", nullptr);
+  for (LogicalTensor& t : model_.tensors) t.training = training.Contains(t.name);
+  places_.resize(model_.tensors.size());
 }
 
 void OpenedCheckpoint::OpenFiles(const std::vector<std::string>& paths) {
@@ -79,7 +149,8 @@ void OpenedCheckpoint::OpenFiles(const std::vector<std::string>& paths) {
       if (!m.problems.empty())
         Fail("{}: {}: {} (run ckptool verify)", p, m.problems[0].where, m.problems[0].what);
       for (const torch::UnsafeFinding& u : torch::FindUnsafe(m.graph))
-        model_.warnings.push_back(fmt::format("{}: the pickle {} (never run)", p, u.what));
+        unsafe_.push_back(fmt::format("{}: the pickle {}", p, u.what));
+      if (files_.size() == 1) model_key_ = ModelKey(m);
       AddTorchTensors(files_.size() - 1);
     } else {
       for (const auto& [k, v] : f.st->metadata) metadata_.emplace(k, v);
@@ -91,27 +162,64 @@ void OpenedCheckpoint::OpenFiles(const std::vector<std::string>& paths) {
 void OpenedCheckpoint::AddTorchTensors(size_t source) {
   const CheckpointFile& f = *files_[source];
   const torch::Model& m = f.torch->model;
+  const TrainingState training(f.path, &m.graph);
+  // Identical views (same storage, start, dtype, shape and stride: tied weights saved as two
+  // tensors, as state_dict() does) are one logical tensor named by the first of them in the
+  // pickle's order, the others its aliases. Found by hashing those fields of the tensor table.
+  auto same_view = [&m](size_t a, size_t b) {
+    const torch::Tensor& x = m.tensors[a];
+    const torch::Tensor& y = m.tensors[b];
+    return x.storage == y.storage && x.byte_begin == y.byte_begin && x.dtype == y.dtype &&
+           x.shape == y.shape && x.stride == y.stride;
+  };
+  auto view_hash = [&m](size_t i) {
+    const torch::Tensor& t = m.tensors[i];
+    uint64_t h = std::hash<uint64_t>()(t.byte_begin) ^ (uint64_t(uint32_t(t.storage)) << 32) ^
+                 (uint64_t(t.dtype) << 24);
+    for (int64_t v : t.shape) h = h * 1000003 ^ std::hash<int64_t>()(v);
+    for (int64_t v : t.stride) h = h * 1000003 ^ std::hash<int64_t>()(v);
+    return static_cast<size_t>(h);
+  };
+  std::unordered_map<size_t, size_t, decltype(view_hash), decltype(same_view)> groups(
+      m.tensors.size(), view_hash, same_view);  // torch tensor -> logical tensor
+  const int32_t input = static_cast<int32_t>(model_.inputs.size() - 1);
   for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
     const torch::Tensor& t = m.tensors[ti];
     if (t.names.empty()) continue;
+    const bool in_training = training.whole_file() || training.Contains(t.names);
     std::string name(t.names.front());
+    std::string why;
     if (t.kind != "tensor" && t.kind != "parameter") {
-      model_.warnings.push_back(
-          fmt::format("'{}' is a {} tensor: not readable here", name, t.kind));
+      why = "is a " + t.kind + " tensor";
+    } else if (t.storage < 0) {
+      why = "has no data";
+    }
+    if (!why.empty()) {
+      UnreadableTensor u{{}, why, in_training};
+      for (std::string_view n : t.names) u.names.emplace_back(n);
+      unreadable_.push_back(std::move(u));
       continue;
     }
-    if (t.storage < 0) continue;
+    auto [g, fresh] = groups.emplace(ti, model_.tensors.size());
+    if (!fresh && model_.tensors[g->second].training == in_training) {
+      for (std::string_view n : t.names)
+        model_.aliases.emplace_back(std::string(n), model_.tensors[g->second].name);
+      continue;
+    }
     const torch::Storage& s = m.storages[t.storage];
     LogicalTensor lt{name,    t.dtype,
                      t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
                      t.numel, nullptr};
+    lt.input = input;
+    lt.offset = s.data_offset + t.byte_begin;
+    lt.training = in_training;
     TensorPlace place;
     place.source = static_cast<int32_t>(source);
     place.torch_tensor = static_cast<int32_t>(ti);
     const uint64_t size = torch::ElementSize(t.dtype);
     if (IsContiguous(t) && s.present && !s.compressed) {
-      uint64_t at = s.data_offset + t.byte_begin;
-      if (!archive_) {
+      uint64_t at = lt.offset;
+      if (archives_.empty()) {
         place.file = f.path;
         place.offset = at;
       }
@@ -121,9 +229,12 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
       };
     } else {
       const torch::Tensor* tp = &t;
+      lt.whole = true;
       lt.read = [&f, tp, name](uint64_t first, uint64_t count, const SpanSink& sink) {
         if (first != 0 || count != tp->numel)
           Fail("internal: tensor '{}' is strided or compressed: read it whole", name);
+        if (tp->storage >= 0 && f.torch->model.storages[tp->storage].compressed)
+          Fail("tensor '{}': its storage record is compressed", name);
         StreamTensorBytes(f.map, *f.torch, *tp, sink);
       };
     }
@@ -137,15 +248,19 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
 
 void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
   const CheckpointFile& f = *files_[source];
+  const TrainingState training(f.path, nullptr);
+  const int32_t input = static_cast<int32_t>(model_.inputs.size() - 1);
   for (const safetensors::TensorEntry& e : f.st->tensors) {
     std::optional<torch::DType> dtype = torch::FromSafetensors(e.dtype);
-    if (!dtype) {
-      model_.warnings.push_back(fmt::format("'{}': torch has no {} dtype", e.name, e.dtype));
-      continue;
-    }
-    std::optional<std::vector<int64_t>> shape = torch::TorchShape(*dtype, e.shape);
-    if (!shape) {
-      model_.warnings.push_back(fmt::format("'{}': no torch shape for {}", e.name, e.dtype));
+    std::optional<std::vector<int64_t>> shape;
+    if (dtype) shape = torch::TorchShape(*dtype, e.shape);
+    if (!dtype || !shape) {
+      unreadable_.push_back(
+          {{e.name},
+           dtype
+               ? fmt::format("is {} with an odd last dimension, which has no torch shape", e.dtype)
+               : fmt::format("is {}, which torch has no dtype for", e.dtype),
+           training.Contains(e.name)});
       continue;
     }
     uint64_t numel = 1;
@@ -155,8 +270,11 @@ void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
     lt.read = [&f, at, size](uint64_t first, uint64_t count, const SpanSink& sink) {
       StreamRange(f.map, at + first * size, count * size, [&sink](uint64_t, Bytes b) { sink(b); });
     };
+    lt.input = input;
+    lt.offset = at;
+    lt.training = training.Contains(e.name);
     TensorPlace place;
-    if (!archive_) {
+    if (archives_.empty()) {
       place.file = f.path;
       place.offset = at;
     }
@@ -167,10 +285,18 @@ void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
 }
 
 void OpenedCheckpoint::Index() {
+  auto file_of = [&](int64_t i) {
+    int32_t s = places_[static_cast<size_t>(i)].source;
+    return s < 0 ? path_ : files_[static_cast<size_t>(s)]->path;
+  };
   auto add = [&](const std::string& name, int64_t i) {
     auto [it, fresh] = index_.emplace(name, i);
-    if (!fresh && it->second != i)
-      Fail("{}: '{}' is in two of its files: these are separate checkpoints", path_, name);
+    if (!fresh && it->second != i) {
+      Fail(
+          "'{}' is in both {} and {}: these are separate checkpoints, not the shards of one "
+          "model; give one of them",
+          name, file_of(it->second), file_of(i));
+    }
   };
   for (size_t i = 0; i < model_.tensors.size(); ++i)
     add(model_.tensors[i].name, static_cast<int64_t>(i));
@@ -178,6 +304,27 @@ void OpenedCheckpoint::Index() {
     auto it = index_.find(owner);
     if (it != index_.end()) add(alias, it->second);
   }
+}
+
+void OpenedCheckpoint::ReleaseParsed() {
+  for (const auto& f : files_) {
+    if (f->torch) f->torch->model.graph.Release();
+  }
+  if (dcp_) dcp_->meta.graph = pickle::Graph();
+  // The rank files' tensors come from their maps by offset: their parsed pickles, tensor
+  // tables and zip directories are done with.
+  if (zero_) {
+    for (auto& f : zero_->files) f->torch.reset();
+  }
+}
+
+std::vector<std::string> OpenedCheckpoint::Warnings() const {
+  std::vector<std::string> out;
+  for (const std::string& u : unsafe_) out.push_back(u + " (never run)");
+  out.insert(out.end(), model_.warnings.begin(), model_.warnings.end());
+  for (const UnreadableTensor& u : unreadable_)
+    out.push_back(fmt::format("'{}' {}: not readable here", u.names[0], u.why));
+  return out;
 }
 
 std::vector<std::string> OpenedCheckpoint::Names() const {

@@ -12,6 +12,7 @@
 
 #include "ops/compress.h"
 #include "ops/convert.h"
+#include "ops/export.h"
 #include "ops/shrink.h"
 #include "ops/strip.h"
 #include "ops/verify.h"
@@ -26,6 +27,15 @@ void to_json(J& j, const Problem& p) {
 }
 void from_json(const nlohmann::json& j, Problem& p);
 }  // namespace torch
+
+template <typename J>
+void to_json(J& j, const ExportResult& r) {
+  j = J{{"source", r.source},   {"selected", r.selected}, {"files", r.files},
+        {"tensors", r.tensors}, {"aliases", r.aliases},   {"bytes", r.bytes}};
+  if (r.archive_plain_bytes + r.archive_backed_bytes)
+    j["archive"] = J{{"plain_bytes", r.archive_plain_bytes},
+                     {"tensor_bytes_in_place", r.archive_backed_bytes}};
+}
 
 template <typename J>
 void to_json(J& j, const ShrinkResult& r) {

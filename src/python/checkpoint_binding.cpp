@@ -92,8 +92,7 @@ void BindCheckpoint(py::module_& module) {
       .def_property_readonly("archived", &OpenedCheckpoint::archived)
       .def_property_readonly("description",
                              [](const OpenedCheckpoint& c) { return c.model().description; })
-      .def_property_readonly("warnings",
-                             [](const OpenedCheckpoint& c) { return c.model().warnings; })
+      .def_property_readonly("warnings", [](const OpenedCheckpoint& c) { return c.Warnings(); })
       .def("names", &OpenedCheckpoint::Names)
       .def("metadata", &OpenedCheckpoint::metadata)
       .def("__contains__",

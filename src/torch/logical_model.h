@@ -1,8 +1,9 @@
 // A checkpoint as the tensors it means, whatever container holds them: a folder of rank files
 // (DeepSpeed ZeRO), of chunk items (torch.distributed.checkpoint), or one file. Each logical
 // tensor has a name, dtype and full shape, and produces any range of its row-major elements
-// as spans of the input files' bytes, without assembling the tensor in memory. Export,
-// inspect and verify consume this model; the readers (deepspeed/, dcp/) build it.
+// as spans of the input files' bytes, without assembling the tensor in memory. Every
+// container's reader builds one (ops/opened_checkpoint.h opens any container to it); export
+// writes it (ops/logical_export.h).
 #pragma once
 
 #include <cstdint>
@@ -29,12 +30,24 @@ struct LogicalTensor {
   // Calls `sink` with the stored bytes of elements [first, first + count), in row-major order, in
   // spans that together hold exactly that range. Throws ckpt::Error on unreadable input.
   std::function<void(uint64_t first, uint64_t count, const SpanSink& sink)> read;
+  // A strided view (a gather): read() takes only the whole range, (0, numel).
+  bool whole = false;
+  // Where the stored elements start when one input holds them: the index into the model's
+  // inputs and the byte offset there (-1: pieces of several files). Writers read in this order,
+  // and a run of small contiguous tensors (not `whole`) is read as one range.
+  int32_t input = -1;
+  uint64_t offset = 0;
+  // Optimizer state, schedulers, RNG... (ops/training_state.h): left out of an export unless
+  // asked for. Set by the opener.
+  bool training = false;
 };
 
 struct LogicalModel {
   std::string description;  // one line: what was read
   std::vector<LogicalTensor> tensors;
-  std::vector<std::pair<std::string, std::string>> aliases;  // alias -> owner
+  // alias -> owner: other names of a tensor (tied weights), in the source's order; the owner is
+  // the first name the source gives the tensor.
+  std::vector<std::pair<std::string, std::string>> aliases;
   std::vector<const MappedFile*> inputs;  // outputs are refused if any changes meanwhile
   std::vector<std::string> warnings;
 };

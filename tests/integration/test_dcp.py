@@ -794,7 +794,7 @@ class DcpFolderDiscoveryTest(CkptTestCase):
                  "optim.state.lm_head.weight.exp_avg": _t.randn(3, 4)}
         dcp.make_dcp_checkpoint(folder, state, world_size=2, cuda=False)
         p = run("export", folder, "--to", self.path("out"))
-        self.assertIn("1 tensors outside 'model'", output(p))
+        self.assertIn("1 tensor outside 'model'", output(p))
         _, got = read_safetensors(self, os.path.join(self.path("out"), "model.safetensors"))
         self.assertEqual(sorted(got), ["embed.weight"])
         # --select with the whole name space exports what the user names, without the warning.

@@ -68,11 +68,14 @@ class ExportConsistency(TempDirTest):
         for name in list(sources):
             run("compress", "-q", sources[name])
             sources[name + ".ckz"] = sources[name] + ".ckz"
-        exports = {}
+        exports, torch_files = {}, {}
         for name, src in sources.items():
             out = self.path("out", name)
             run("export", src, "--to", out, "--dtype", "bf16")
             exports[name] = read_export(out)
+            # the same engine writes a torch file from every container
+            torch_files[name] = self.path("out", name + ".pt")
+            run("export", src, "--to", torch_files[name], "--dtype", "bf16")
         ref_tensors, ref_aliases = exports["torch"]
         for name, (tensors, aliases) in exports.items():
             kind = name.split(".")[0]
@@ -91,10 +94,63 @@ class ExportConsistency(TempDirTest):
                     self.assertEqual(tuple(tensors[k].shape), tuple(t.shape), k)
                     self.assertTrue(torch.equal(as_bytes(tensors[k]), as_bytes(t)), k)
                 self.assertEqual(aliases, want_aliases)
+                # the torch file holds the same tensors, each alias the same tensor as its owner
+                loaded = torch.load(torch_files[name], weights_only=True)
+                self.assertEqual(sorted(loaded), sorted(list(want) + list(want_aliases)))
+                for k, t in want.items():
+                    self.assertEqual(loaded[k].dtype, t.dtype, k)
+                    self.assertTrue(torch.equal(as_bytes(loaded[k]), as_bytes(t)), k)
+                for alias, owner in want_aliases.items():
+                    self.assertEqual(loaded[alias].data_ptr(), loaded[owner].data_ptr(), alias)
         self.assertEqual(ref_tensors["half_buffer"].dtype, torch.bfloat16)
         self.assertEqual(ref_aliases, {"head.weight": "emb.weight"})
         self.assertIn("emb.weight", ref_tensors)
         self.assertEqual(ref_tensors["emb.weight"].dtype, torch.bfloat16)
+
+    def test_the_model_is_chosen_by_one_rule_whatever_holds_it(self):
+        """A training checkpoint {model, optimizer, step}: torch.save'd and dcp.save'd (flat
+        fqns), each as a .ckz too. Export without options writes the model (under 'model') from
+        every one; --all everything; --select picks a sub-tree; the tied head is an alias in
+        the torch file's export and bytes of its own in DCP's (which stores it twice)."""
+        lin = torch.nn.Linear(4, 3)
+        emb = torch.nn.Embedding(5, 3)
+        model = {"emb.weight": emb.weight.detach(), "head.weight": emb.weight.detach(),
+                 "lin.weight": lin.weight.detach(), "lin.bias": lin.bias.detach()}
+        opt = torch.optim.AdamW(list(lin.parameters()) + list(emb.parameters()))
+        (lin(torch.ones(2, 4)).sum() + emb(torch.tensor([1])).sum()).backward()
+        opt.step()
+        ckpt = {"model": model, "optimizer": opt.state_dict(), "step": 7}
+        sources = {"torch": self.path("train.pt"), "dcp": self.path("train_dcp")}
+        torch.save(ckpt, sources["torch"])
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"model": dict(model), "optimizer": {
+            "state": {str(k): v for k, v in opt.state_dict()["state"].items()}}},
+            checkpoint_id=sources["dcp"])
+        for name in list(sources):
+            run("compress", "-q", sources[name])
+            sources[name + ".ckz"] = sources[name] + ".ckz"
+        for name, src in sources.items():
+            kind = name.split(".")[0]
+            with self.subTest(source=name):
+                out = self.path("sel", name)
+                rep = json.loads(run("export", "--json", src, "--to", out).stdout)
+                self.assertEqual(rep["selected"], "model")
+                tensors, aliases = read_export(out)
+                want = sorted(model) if kind == "dcp" else sorted(k for k in model if k != "head.weight")
+                self.assertEqual(sorted(tensors), want)
+                self.assertEqual(aliases, {} if kind == "dcp" else {"head.weight": "emb.weight"})
+                for k in tensors:
+                    self.assertTrue(torch.equal(tensors[k], model[k]), k)
+                out = self.path("sub", name)
+                rep = json.loads(run("export", "--json", src, "--to", out, "--select", "model.lin").stdout)
+                self.assertEqual(rep["selected"], "model.lin")
+                self.assertEqual(sorted(read_export(out)[0]), ["bias", "weight"])
+                out = self.path("all", name)
+                run("export", src, "--to", out, "--all")
+                names = read_export(out)[0]
+                self.assertIn("model.lin.weight", names)
+                self.assertTrue(any(n.startswith("optimizer.state.") and n.endswith(".exp_avg")
+                                    for n in names), sorted(names))
 
 
 if __name__ == "__main__":

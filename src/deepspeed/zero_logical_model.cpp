@@ -1,5 +1,3 @@
-#include "ops/zero_export.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,20 +8,14 @@
 #include "base/error.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/range_stream.h"
-#include "ops/logical_export.h"
-#include "torch/global_policy.h"
 
-namespace ckpt {
+namespace ckpt::deepspeed {
 
-LogicalModel ZeroLogicalModel(const deepspeed::ZeroCheckpoint& z, bool exclude_frozen) {
-  using deepspeed::Piece;
-  using deepspeed::ZeroTensor;
+LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen) {
   LogicalModel m;
   m.description = fmt::format("DeepSpeed ZeRO stage {} checkpoint '{}', {} ranks", z.stage, z.tag,
                               z.world_size);
   for (const auto& f : z.files) m.inputs.push_back(&f->map);
-  for (const std::string& finding : z.findings)
-    m.warnings.push_back(finding + " (never run; left behind by export)");
   for (const ZeroTensor& t : z.tensors) {
     if (exclude_frozen && t.kind == ZeroTensor::Kind::kFrozen) continue;
     // Where each piece starts, in elements.
@@ -59,14 +51,4 @@ LogicalModel ZeroLogicalModel(const deepspeed::ZeroCheckpoint& z, bool exclude_f
   return m;
 }
 
-ExportResult ExportZero(const std::string& path, const std::string& to, const ExportOptions& o) {
-  deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path, o.tag);
-  LogicalModel m = ZeroLogicalModel(z, o.exclude_frozen);
-  // The tensors' bytes come from the rank files' maps by offset: their parsed pickles, tensor
-  // tables and zip directories are done with before the writer builds its own (at 10^5
-  // tensors they are most of the peak).
-  for (auto& f : z.files) f->torch.reset();
-  return ExportLogical(m, to, o);
-}
-
-}  // namespace ckpt
+}  // namespace ckpt::deepspeed

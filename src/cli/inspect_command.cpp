@@ -242,11 +242,22 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
 
 int RunInspect(const InspectCliOptions& o) {
   Inputs in;
-  std::vector<std::string> paths;
-  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? in.archives : paths).push_back(p);
-  in.files = ExpandInputs(paths, nullptr, &in.dcp);
-  for (const std::string& p : paths) {
-    if (deepspeed::LooksLikeZeroCheckpoint(p)) in.zero.push_back(p);
+  for (Located& l : Locate(o.paths)) {
+    switch (l.kind) {
+      case Container::kArchive:
+        in.archives.push_back(std::move(l.path));
+        break;
+      case Container::kFile:
+      case Container::kModelFolder:  // (Locate walks folders into their files)
+        in.files.push_back(std::move(l.path));
+        break;
+      case Container::kZero:
+        in.zero.push_back(std::move(l.path));
+        break;
+      case Container::kDcp:
+        in.dcp.push_back(std::move(l.path));
+        break;
+    }
   }
   if (in.files.empty() && in.dcp.empty() && in.archives.empty()) {
     PrintError("no checkpoint files found in the given paths");

@@ -33,14 +33,9 @@ struct VerifyCliOptions {
   std::vector<std::string> trust;
 };
 
-// One checkpoint to verify and what verifying it found. `failed` holds an error that
-// stopped its verification: a ckpt::Error is reported as a problem line; anything else
+// What verifying one checkpoint (a Located: ops/discovery.h) found. `failed` holds an error
+// that stopped its verification: a ckpt::Error is reported as a problem line; anything else
 // (`internal`) ends the run, as it does in a single process.
-struct Item {
-  enum Kind { kArchive, kFile, kZero, kDcp } kind;
-  std::string path;
-};
-
 struct Found {
   VerifyOutcome outcome;
   std::string failed;
@@ -56,10 +51,10 @@ void from_json(const nlohmann::json& j, Found& f) {
   j.at("internal").get_to(f.internal);
 }
 
-VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trust) {
+VerifyOutcome Check(const Located& item, unsigned threads, const torch::Trust& trust) {
   const std::string& path = item.path;
   switch (item.kind) {
-    case Item::kArchive: {
+    case Container::kArchive: {
       // A .ckz archive: every chunk decoded and its checksum checked, in parallel; then the
       // checkpoints it holds, verified as they would be once restored (what torch.load of
       // them would run is what matters), read in place through the archive's skeleton.
@@ -75,7 +70,7 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
       std::vector<std::string> dcp_folders;
       std::vector<std::string> held = view->Checkpoints(&dcp_folders);
       // Problems and notes are named by the path inside the archive, never the temp folder.
-      auto check = [&](const Item& inside) {
+      auto check = [&](const Located& inside) {
         std::string rel = view->Relative(inside.path);
         try {
           VerifyOutcome v = Check(inside, threads, trust);
@@ -99,17 +94,18 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
           }
         }
       };
-      for (const std::string& f : held) check({Item::kFile, f});
+      for (const std::string& f : held) check({Container::kFile, f});
       // A DeepSpeed ZeRO folder: its partitions must also add up, as verify of the folder says.
-      bool zero = deepspeed::LooksLikeZeroCheckpoint(view->root());
-      if (zero) check({Item::kZero, view->root()});
-      for (const std::string& d : dcp_folders) check({Item::kDcp, d});
+      bool zero = ContainerOf(view->root()) == Container::kZero;
+      if (zero) check({Container::kZero, view->root()});
+      for (const std::string& d : dcp_folders) check({Container::kDcp, d});
       out.ok += fmt::format("; {} inside verified as restored{})",
                             Count(held.size() + dcp_folders.size(), "checkpoint"),
                             zero ? ", the ZeRO partitions add up" : "");
       return out;
     }
-    case Item::kFile: {
+    case Container::kModelFolder:  // (Locate walks folders into their files)
+    case Container::kFile: {
       CheckpointFile f = OpenCheckpoint(path);
       VerifyResult r = Verify(f, threads, trust);
       std::string what = f.format == Format::kTorchZip
@@ -120,7 +116,7 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
                            fmt::format("{}: OK ({}, {})", path, FormatName(f.format), what),
                            std::move(r.notes)};
     }
-    case Item::kZero: {
+    case Container::kZero: {
       // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
       return VerifyOutcome{{},
@@ -129,7 +125,7 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
                                        z.folder, z.stage, z.world_size, z.tensors.size()),
                            {}};
     }
-    case Item::kDcp: {
+    case Container::kDcp: {
       // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
       dcp::Checkpoint c = dcp::OpenDcp(path);
       DcpVerifyResult r = VerifyDcp(c, threads);
@@ -146,25 +142,16 @@ VerifyOutcome Check(const Item& item, unsigned threads, const torch::Trust& trus
 }
 
 int RunVerify(const VerifyCliOptions& o) {
-  std::vector<std::string> archives, paths;
-  for (const std::string& p : o.paths) (ckz::IsArchiveFile(p) ? archives : paths).push_back(p);
-  std::vector<std::string> dcp_folders;
-  std::vector<std::string> files = ExpandInputs(paths, nullptr, &dcp_folders);
-  if (files.empty() && dcp_folders.empty() && archives.empty()) {
+  // Archives, files, ZeRO folders, DCP folders: the order the report lists them in.
+  std::vector<Located> items = Locate(o.paths);
+  if (std::all_of(items.begin(), items.end(),
+                  [](const Located& l) { return l.kind == Container::kZero; })) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }
-  // Archives, files, ZeRO folders, DCP folders: the order the report lists them in.
-  std::vector<Item> items;
-  for (const std::string& p : archives) items.push_back({Item::kArchive, p});
-  for (const std::string& p : files) items.push_back({Item::kFile, p});
-  for (const std::string& p : paths) {
-    if (deepspeed::LooksLikeZeroCheckpoint(p)) items.push_back({Item::kZero, p});
-  }
-  for (const std::string& p : dcp_folders) items.push_back({Item::kDcp, p});
   std::vector<std::string> keys;
   std::vector<uint64_t> bytes;
-  for (const Item& it : items) {
+  for (const Located& it : items) {
     keys.push_back(it.path);
     bytes.push_back(TreeBytes(it.path));
   }

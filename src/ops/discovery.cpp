@@ -8,7 +8,9 @@
 #include <system_error>
 
 #include "base/error.h"
+#include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
+#include "deepspeed/zero_checkpoint.h"
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "io/temp_files.h"
@@ -18,6 +20,36 @@
 namespace ckpt {
 
 namespace fs = std::filesystem;
+
+Container ContainerOf(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) Fail("{}: no such file or folder", path);
+  if (!fs::is_directory(path, ec))
+    return ckz::IsArchiveFile(path) ? Container::kArchive : Container::kFile;
+  if (deepspeed::LooksLikeZeroCheckpoint(path)) return Container::kZero;
+  if (dcp::LooksLikeDcpCheckpoint(path)) return Container::kDcp;
+  return Container::kModelFolder;
+}
+
+std::vector<Located> Locate(const std::vector<std::string>& inputs,
+                            std::vector<std::string>* skipped) {
+  std::vector<std::string> archives, paths, zero, dcp_folders;
+  for (const std::string& p : inputs) {
+    std::error_code ec;
+    // A path that is not there is left to the walk, which reports it as the commands did.
+    Container kind = fs::exists(p, ec) ? ContainerOf(p) : Container::kFile;
+    (kind == Container::kArchive ? archives : paths).push_back(p);
+    if (kind == Container::kZero) zero.push_back(p);
+  }
+  std::vector<std::string> files = ExpandInputs(paths, skipped, &dcp_folders);
+  std::vector<Located> out;
+  out.reserve(archives.size() + files.size() + zero.size() + dcp_folders.size());
+  for (std::string& p : archives) out.push_back({Container::kArchive, std::move(p)});
+  for (std::string& p : files) out.push_back({Container::kFile, std::move(p)});
+  for (std::string& p : zero) out.push_back({Container::kZero, std::move(p)});
+  for (std::string& p : dcp_folders) out.push_back({Container::kDcp, std::move(p)});
+  return out;
+}
 
 std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
                                       std::vector<std::string>* skipped,

@@ -1,11 +1,35 @@
-// Discovery: the paths a user gives -> the checkpoints they name, by content. One walk for
-// every command.
+// Discovery: the paths a user gives -> the checkpoints they name, each with the kind of
+// container that holds it, decided by content, here, once for every command.
 #pragma once
 
 #include <string>
 #include <vector>
 
 namespace ckpt {
+
+// What one path holds. A new container format is a new value here, its test in ContainerOf,
+// its reader, and a branch in OpenedCheckpoint (ops/opened_checkpoint.h); the compiler then
+// names every command that switches on the kind (-Wswitch).
+enum class Container {
+  kArchive,      // a .ckz archive (compress/archive.h) of any of the others
+  kZero,         // a DeepSpeed ZeRO folder: the root holding `latest`, or a tag folder
+  kDcp,          // a torch.distributed.checkpoint folder (.metadata and .distcp files)
+  kModelFolder,  // any other folder: the checkpoint files in it
+  kFile,         // any other file: a torch or safetensors file by its content, or none
+};
+Container ContainerOf(const std::string& path);  // throws when nothing is there
+
+// One checkpoint a command was given, and what holds it.
+struct Located {
+  Container kind;
+  std::string path;
+};
+
+// The checkpoints `inputs` name, in the order reports list them: archives, checkpoint files
+// (folders walked as ExpandInputs walks them: a ZeRO folder's rank files too), ZeRO folders,
+// then DCP folders. `skipped` as for ExpandInputs.
+std::vector<Located> Locate(const std::vector<std::string>& inputs,
+                            std::vector<std::string>* skipped = nullptr);
 
 // The one folder discovery every command uses. Files stay as given; a folder becomes every
 // checkpoint file below it (by content, sorted, symlinks not followed). A

@@ -50,9 +50,7 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   std::vector<std::string> opened;  // each path, an archive as the path it holds
   std::vector<std::string> prefixes;
   for (const std::string& p : paths) {
-    std::error_code ec;
-    if (!fs::exists(p, ec)) Fail("{}: no such file or folder", p);
-    if (ckz::IsArchiveFile(p)) {
+    if (ContainerOf(p) == Container::kArchive) {
       c->archives_.push_back(ArchiveView::Open(p, parent, o.threads));
       opened.push_back(c->archives_.back()->root());
     } else {
@@ -66,18 +64,23 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
     } else {
       std::vector<std::string> files;
       for (const std::string& p : opened) {
-        std::error_code ec;
-        if (!fs::is_directory(p, ec)) {
-          files.push_back(p);
-          continue;
+        switch (ContainerOf(p)) {
+          case Container::kFile:
+            files.push_back(p);
+            break;
+          case Container::kModelFolder: {
+            std::vector<std::string> found = ModelFilesIn(p, o.all_files);
+            files.insert(files.end(), found.begin(), found.end());
+            break;
+          }
+          case Container::kArchive:
+          case Container::kZero:
+          case Container::kDcp:
+            Fail(
+                "{}: an archive, a DeepSpeed ZeRO folder or a torch.distributed.checkpoint "
+                "folder is one checkpoint: give it alone",
+                p);
         }
-        if (deepspeed::LooksLikeZeroCheckpoint(p) || dcp::LooksLikeDcpCheckpoint(p))
-          Fail(
-              "{}: a DeepSpeed ZeRO or torch.distributed.checkpoint folder is one checkpoint: "
-              "give it alone",
-              p);
-        std::vector<std::string> found = ModelFilesIn(p, o.all_files);
-        files.insert(files.end(), found.begin(), found.end());
       }
       c->kind_ = "files";
       c->OpenFiles(files);
@@ -97,25 +100,31 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
 }
 
 void OpenedCheckpoint::OpenOne(const std::string& at, const OpenOptions& o) {
-  std::error_code ec;
-  if (!fs::is_directory(at, ec)) {
-    OpenFiles({at});
-    kind_ = FormatName(files_[0]->format);
-    return;
+  switch (ContainerOf(at)) {
+    case Container::kFile:
+      OpenFiles({at});
+      kind_ = FormatName(files_[0]->format);
+      return;
+    case Container::kModelFolder:
+      kind_ = "model-folder";
+      OpenFiles(ModelFilesIn(at, o.all_files));
+      return;
+    case Container::kZero:
+      kind_ = "zero";
+      zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
+      unsafe_ = zero_->findings;
+      model_ = deepspeed::ZeroLogicalModel(*zero_, o.exclude_frozen);
+      places_.resize(model_.tensors.size());
+      return;
+    case Container::kDcp:
+      OpenDcp(at);
+      return;
+    case Container::kArchive:  // an archive inside an archive: compress never makes one
+      Fail("{}: an archive of an archive", at);
   }
-  if (deepspeed::LooksLikeZeroCheckpoint(at)) {
-    kind_ = "zero";
-    zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
-    unsafe_ = zero_->findings;
-    model_ = deepspeed::ZeroLogicalModel(*zero_, o.exclude_frozen);
-    places_.resize(model_.tensors.size());
-    return;
-  }
-  if (!dcp::LooksLikeDcpCheckpoint(at)) {
-    kind_ = "model-folder";
-    OpenFiles(ModelFilesIn(at, o.all_files));
-    return;
-  }
+}
+
+void OpenedCheckpoint::OpenDcp(const std::string& at) {
   kind_ = "dcp";
   dcp_ = std::make_unique<dcp::Checkpoint>(dcp::OpenDcp(at));
   const dcp::Checkpoint& d = *dcp_;

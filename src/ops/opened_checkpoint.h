@@ -99,6 +99,7 @@ class OpenedCheckpoint {
  private:
   OpenedCheckpoint() = default;
   void OpenOne(const std::string& at, const OpenOptions& o);
+  void OpenDcp(const std::string& at);
   void OpenFiles(const std::vector<std::string>& paths);
   void AddTorchTensors(size_t source);
   void AddSafetensorsTensors(size_t source);

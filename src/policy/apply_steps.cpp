@@ -356,8 +356,7 @@ StepOutcome RunExport(const StepContext& c) {
   std::string out_rel = ExportOutput(c.p, c.e);
   std::string out = Abs(c.root, out_rel);
   std::vector<std::string> sources;
-  if (!c.e.folder || deepspeed::LooksLikeZeroCheckpoint(c.e.path) ||
-      dcp::LooksLikeDcpCheckpoint(c.e.path)) {
+  if (ContainerOf(c.e.path) != Container::kModelFolder) {  // a file, ZeRO or DCP folder
     sources.push_back(c.e.path);
   } else {
     // The model files at the folder's top level: torch files that are not training-only.
@@ -433,7 +432,7 @@ StepOutcome RunVerify(const StepContext& c) {
     std::lock_guard<std::mutex> lock(mu);
     found.insert(found.end(), mine.begin(), mine.end());
   });
-  if (deepspeed::LooksLikeZeroCheckpoint(c.e.path)) {
+  if (ContainerOf(c.e.path) == Container::kZero) {
     try {
       deepspeed::OpenZeroCheckpoint(c.e.path);
     } catch (const Error& e) {

@@ -1,37 +1,18 @@
 #include "ops/compress.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zstd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <unordered_map>
 
 #include "base/error.h"
 #include "base/human.h"
-#include "base/perf.h"
-#include "compress/layout.h"
-#include "compress/pipeline.h"
-#include "dcp/dcp_checkpoint.h"
-#include "io/atomic_output.h"
 #include "io/crc32.h"
-#include "io/folders.h"
 #include "io/parallel_crc.h"
-#include "io/positioned_io.h"
-#include "io/temp_files.h"
 #include "ops/archive_io.h"
 
 namespace ckpt {
 
 namespace fs = std::filesystem;
-using ckz::Chunk;
 using ckz::Entry;
 using ckz::EntryType;
 using ckz::Index;

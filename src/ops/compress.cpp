@@ -1,6 +1,5 @@
 #include "ops/compress.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -15,7 +14,6 @@
 #include <unordered_map>
 
 #include "base/error.h"
-#include "base/human.h"
 #include "base/perf.h"
 #include "compress/layout.h"
 #include "compress/pipeline.h"
@@ -24,7 +22,6 @@
 #include "io/crc32.h"
 #include "io/folders.h"
 #include "io/parallel_crc.h"
-#include "io/positioned_io.h"
 #include "io/temp_files.h"
 #include "ops/archive_io.h"
 

@@ -3,23 +3,16 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <set>
-#include <unordered_map>
 
 #include "base/error.h"
-#include "base/human.h"
 #include "base/perf.h"
-#include "compress/layout.h"
 #include "compress/pipeline.h"
-#include "dcp/dcp_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
 #include "io/folders.h"

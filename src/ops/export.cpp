@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
+#include "base/perf.h"
 #include "ops/logical_export.h"
 #include "ops/opened_checkpoint.h"
 
@@ -25,9 +26,8 @@ std::string Relative(std::string_view name, const std::string& prefix) {
   return std::string(prefix.empty() ? name : name.substr(prefix.size() + 1));
 }
 
-// Does any tensor of `c` have a name under `prefix`?
-bool AnyUnder(const OpenedCheckpoint& c, const std::string& prefix) {
-  const LogicalModel& m = c.model();
+// Does any tensor of `m` or of `c`'s unreadable ones have a name under `prefix`?
+bool AnyUnder(const LogicalModel& m, const OpenedCheckpoint& c, const std::string& prefix) {
   for (const LogicalTensor& t : m.tensors) {
     if (UnderPrefix(t.name, prefix)) return true;
   }
@@ -47,28 +47,31 @@ bool AnyUnder(const OpenedCheckpoint& c, const std::string& prefix) {
 // OpenedCheckpoint::model_key); else the whole object less its training state (optimizer,
 // schedulers, RNG: ops/training_state.h); --all: everything. Names become relative to the
 // prefix; a tensor's kept name is its first under the prefix in the source's order, its other
-// names there are recorded as aliases. Moves the chosen tensors out of `c`'s model.
-LogicalModel Select(OpenedCheckpoint& c, const ExportOptions& o, ExportResult& r) {
+// names there are recorded as aliases. Moves the chosen tensors out of `all`.
+LogicalModel Select(LogicalModel& all, const OpenedCheckpoint& c, const ExportOptions& o,
+                    ExportResult& r) {
   std::string prefix = o.select;
-  if (!prefix.empty() && !AnyUnder(c, prefix))
+  if (!prefix.empty() && !AnyUnder(all, c, prefix))
     Fail("--select {}: no tensors under that path", prefix);
   if (prefix.empty() && !o.all) prefix = c.model_key();
   r.selected = prefix;
   const bool drop_training = prefix.empty() && !o.all;
-  LogicalModel& all = c.model();
-  // Each tensor's other names, in the source's order.
-  std::unordered_map<std::string_view, size_t> index;
-  index.reserve(all.tensors.size());
-  for (size_t i = 0; i < all.tensors.size(); ++i) index.emplace(all.tensors[i].name, i);
-  std::vector<std::vector<std::string_view>> others(all.tensors.size());
-  for (const auto& [alias, owner] : all.aliases) {
-    auto it = index.find(owner);
-    if (it != index.end()) others[it->second].push_back(alias);
+  // Each tensor's other names, in the source's order (by index; most models have none).
+  std::unordered_map<size_t, std::vector<std::string_view>> others;
+  if (!all.aliases.empty()) {
+    std::unordered_map<std::string_view, size_t> index;
+    index.reserve(all.tensors.size());
+    for (size_t i = 0; i < all.tensors.size(); ++i) index.emplace(all.tensors[i].name, i);
+    for (const auto& [alias, owner] : all.aliases) {
+      auto it = index.find(owner);
+      if (it != index.end()) others[it->second].push_back(alias);
+    }
   }
   LogicalModel m;
   m.description = all.description;
   m.inputs = all.inputs;
   m.warnings = all.warnings;
+  m.tensors.reserve(all.tensors.size());
   uint64_t left_out = 0, outside = 0;
   std::vector<std::pair<std::string, std::string>> aliases;
   for (size_t i = 0; i < all.tensors.size(); ++i) {
@@ -77,9 +80,19 @@ LogicalModel Select(OpenedCheckpoint& c, const ExportOptions& o, ExportResult& r
       ++left_out;
       continue;
     }
+    auto more = others.find(i);
+    if (more == others.end()) {  // one name: kept, made relative in place
+      if (!UnderPrefix(t.name, prefix)) {
+        outside += !t.training;
+        continue;
+      }
+      if (!prefix.empty()) t.name.erase(0, prefix.size() + 1);
+      m.tensors.push_back(std::move(t));
+      continue;
+    }
     std::vector<std::string> names;
     if (UnderPrefix(t.name, prefix)) names.push_back(Relative(t.name, prefix));
-    for (std::string_view n : others[i]) {
+    for (std::string_view n : more->second) {
       if (UnderPrefix(n, prefix)) names.push_back(Relative(n, prefix));
     }
     if (names.empty()) {
@@ -135,12 +148,21 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   fs::path out = fs::absolute(to).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "out/"
   oo.temp_parent = out.parent_path().string();
-  std::unique_ptr<OpenedCheckpoint> c = OpenedCheckpoint::Open(sources, oo);
+  std::unique_ptr<OpenedCheckpoint> c;
+  {
+    PerfTimer timer("open");
+    c = OpenedCheckpoint::Open(sources, oo);
+    // From here on only the tensor tables and the mapped bytes are read: the pickle graphs
+    // (most of a model's memory at 10^5 tensors) go before anything else is built.
+    c->ReleaseParsed();
+  }
   ExportResult r;
-  LogicalModel m = Select(*c, o, r);
-  // From here on only the tensor tables and the mapped bytes are read: the pickle graphs (most
-  // of a model's memory at 10^5 tensors) go before the output is written and read back.
-  c->ReleaseParsed();
+  LogicalModel m;
+  {
+    PerfTimer timer("select");
+    LogicalModel all = c->TakeModel();
+    m = Select(all, *c, o, r);
+  }
   std::vector<std::string> warnings = std::move(r.warnings);
   std::string selected = std::move(r.selected);
   try {

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <tuple>
+#include <unordered_set>
 
 #include "base/error.h"
+#include "base/perf.h"
 #include "io/atomic_output.h"
 #include "io/parallel_crc.h"
 #include "ops/conversion_tally.h"
@@ -62,9 +63,11 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
   std::optional<DType> half;
   if (o.to) half = torch::DTypeOf(*o.to);
   const bool torch_output = IsTorchOutputPath(to);
+  PerfTimer timer("plan and write");
   std::vector<TensorSource> outputs;
   outputs.reserve(m.tensors.size());
-  std::set<std::string_view> written;
+  std::unordered_set<std::string_view> written;
+  written.reserve(m.tensors.size());
   ConversionTally tally(m.tensors.size());
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const LogicalTensor& t = m.tensors[i];

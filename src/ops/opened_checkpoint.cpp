@@ -196,7 +196,6 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
     const torch::Tensor& t = m.tensors[ti];
     if (t.names.empty()) continue;
     const bool in_training = training.whole_file() || training.Contains(t.names);
-    std::string name(t.names.front());
     std::string why;
     if (t.kind != "tensor" && t.kind != "parameter") {
       why = "is a " + t.kind + " tensor";
@@ -216,35 +215,42 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
       continue;
     }
     const torch::Storage& s = m.storages[t.storage];
-    LogicalTensor lt{name,    t.dtype,
-                     t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                     t.numel, nullptr};
+    LogicalTensor lt{std::string(t.names.front()),
+                     t.dtype,
+                     t.dtype,
+                     std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                     t.numel,
+                     nullptr};
     lt.input = input;
     lt.offset = s.data_offset + t.byte_begin;
     lt.training = in_training;
     TensorPlace place;
     place.source = static_cast<int32_t>(source);
     place.torch_tensor = static_cast<int32_t>(ti);
-    const uint64_t size = torch::ElementSize(t.dtype);
+    // The reads capture two pointers (the file and its tensor table's entry, which stay) so
+    // that std::function holds them without an allocation per tensor.
+    const CheckpointFile* fp = &f;
+    const torch::Tensor* tp = &t;
     if (IsContiguous(t) && s.present && !s.compressed) {
-      uint64_t at = lt.offset;
-      if (archives_.empty()) {
-        place.file = f.path;
-        place.offset = at;
-      }
-      lt.read = [&f, at, size](uint64_t first, uint64_t count, const SpanSink& sink) {
-        StreamRange(f.map, at + first * size, count * size,
+      place.direct = archives_.empty();
+      place.offset = lt.offset;
+      lt.read = [fp, tp](uint64_t first, uint64_t count, const SpanSink& sink) {
+        const uint64_t size = torch::ElementSize(tp->dtype);
+        const uint64_t at =
+            fp->torch->model.storages[static_cast<size_t>(tp->storage)].data_offset +
+            tp->byte_begin;
+        StreamRange(fp->map, at + first * size, count * size,
                     [&sink](uint64_t, Bytes b) { sink(b); });
       };
     } else {
-      const torch::Tensor* tp = &t;
       lt.whole = true;
-      lt.read = [&f, tp, name](uint64_t first, uint64_t count, const SpanSink& sink) {
+      lt.read = [fp, tp](uint64_t first, uint64_t count, const SpanSink& sink) {
+        std::string_view name = tp->names.front();
         if (first != 0 || count != tp->numel)
           Fail("internal: tensor '{}' is strided or compressed: read it whole", name);
-        if (tp->storage >= 0 && f.torch->model.storages[tp->storage].compressed)
+        if (fp->torch->model.storages[static_cast<size_t>(tp->storage)].compressed)
           Fail("tensor '{}': its storage record is compressed", name);
-        StreamTensorBytes(f.map, *f.torch, *tp, sink);
+        StreamTensorBytes(fp->map, *fp->torch, *tp, sink);
       };
     }
     size_t owner = model_.tensors.size();
@@ -283,10 +289,8 @@ void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
     lt.offset = at;
     lt.training = training.Contains(e.name);
     TensorPlace place;
-    if (archives_.empty()) {
-      place.file = f.path;
-      place.offset = at;
-    }
+    place.direct = archives_.empty();
+    place.offset = at;
     place.source = static_cast<int32_t>(source);
     model_.tensors.push_back(std::move(lt));
     places_.push_back(place);
@@ -298,7 +302,7 @@ void OpenedCheckpoint::Index() {
     int32_t s = places_[static_cast<size_t>(i)].source;
     return s < 0 ? path_ : files_[static_cast<size_t>(s)]->path;
   };
-  auto add = [&](const std::string& name, int64_t i) {
+  auto add = [&](std::string_view name, int64_t i) {
     auto [it, fresh] = index_.emplace(name, i);
     if (!fresh && it->second != i) {
       Fail(
@@ -307,12 +311,20 @@ void OpenedCheckpoint::Index() {
           name, file_of(it->second), file_of(i));
     }
   };
+  index_.reserve(model_.tensors.size() + model_.aliases.size());
   for (size_t i = 0; i < model_.tensors.size(); ++i)
     add(model_.tensors[i].name, static_cast<int64_t>(i));
   for (const auto& [alias, owner] : model_.aliases) {
     auto it = index_.find(owner);
     if (it != index_.end()) add(alias, it->second);
   }
+}
+
+LogicalModel OpenedCheckpoint::TakeModel() {
+  index_.clear();
+  LogicalModel m = std::move(model_);
+  model_ = LogicalModel();
+  return m;
 }
 
 void OpenedCheckpoint::ReleaseParsed() {

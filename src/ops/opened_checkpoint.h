@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "dcp/dcp_checkpoint.h"
@@ -22,11 +24,12 @@ namespace ckpt {
 
 // Where one logical tensor's elements are, beside its read().
 struct TensorPlace {
-  // A real file (not an archive's skeleton) that holds the elements in row-major order at
-  // `offset`: a reader may map them instead of copying. Empty otherwise.
-  std::string file;
+  // files()[source] is a real file (not an archive's skeleton) that holds the elements in
+  // row-major order at `offset`: a reader may map them instead of copying.
+  bool direct = false;
   uint64_t offset = 0;
-  // A torch file's tensor: index into files and into that file's tensor table; else -1.
+  // Index into files() (-1: a folder format's pieces); a torch file's tensor: index into its
+  // tensor table, else -1.
   int32_t source = -1;
   int32_t torch_tensor = -1;
 };
@@ -68,8 +71,9 @@ class OpenedCheckpoint {
   bool archived() const { return !archives_.empty(); }
   const std::vector<std::unique_ptr<ArchiveView>>& archives() const { return archives_; }
   const LogicalModel& model() const { return model_; }
-  // For a consumer that takes the tensors over (export): Find() and Names() no longer hold.
-  LogicalModel& model() { return model_; }
+  // The model, moved out for a consumer that takes the tensors over (export); their reads
+  // stay valid while this lives. Afterwards model() is empty and Find() finds nothing.
+  LogicalModel TakeModel();
   // The model's key path in a training checkpoint ("state_dict", "module", "model"...): what
   // export writes by default; "" when the whole object is the model (less its training state).
   const std::string& model_key() const { return model_key_; }
@@ -116,7 +120,8 @@ class OpenedCheckpoint {
   std::vector<UnreadableTensor> unreadable_;
   std::vector<std::string> unsafe_;
   std::map<std::string, std::string> metadata_;
-  std::map<std::string, int64_t, std::less<>> index_;
+  // Every name -> its tensor; views of model_'s strings.
+  std::unordered_map<std::string_view, int64_t> index_;
 };
 
 }  // namespace ckpt

@@ -108,7 +108,9 @@ void BindCheckpoint(py::module_& module) {
              d["shape"] = Tuple(t.shape);
              d["numel"] = t.numel;
              d["nbytes"] = t.numel * torch::ElementSize(t.stored);
-             d["file"] = p.file.empty() ? py::object(py::none()) : py::str(p.file);
+             d["file"] = p.direct
+                             ? py::object(py::str(c.files()[static_cast<size_t>(p.source)]->path))
+                             : py::object(py::none());
              d["offset"] = p.offset;
              return d;
            })

@@ -95,7 +95,7 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   }
   if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
     Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
-  c->Index();
+  if (c->files_.size() > 1) c->Index();  // refuses a name in two of the files
   return c;
 }
 
@@ -114,7 +114,6 @@ void OpenedCheckpoint::OpenOne(const std::string& at, const OpenOptions& o) {
       zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
       unsafe_ = zero_->findings;
       model_ = deepspeed::ZeroLogicalModel(*zero_, o.exclude_frozen);
-      places_.resize(model_.tensors.size());
       return;
     case Container::kDcp:
       OpenDcp(at);
@@ -144,7 +143,6 @@ void OpenedCheckpoint::OpenDcp(const std::string& at) {
   model_key_ = FlatModelKey(model_);
   const TrainingState training("", nullptr);
   for (LogicalTensor& t : model_.tensors) t.training = training.Contains(t.name);
-  places_.resize(model_.tensors.size());
 }
 
 void OpenedCheckpoint::OpenFiles(const std::vector<std::string>& paths) {
@@ -297,9 +295,13 @@ void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
   }
 }
 
-void OpenedCheckpoint::Index() {
+void OpenedCheckpoint::Index() const {
+  std::call_once(indexed_, [this] { BuildIndex(); });
+}
+
+void OpenedCheckpoint::BuildIndex() const {
   auto file_of = [&](int64_t i) {
-    int32_t s = places_[static_cast<size_t>(i)].source;
+    int32_t s = place(static_cast<size_t>(i)).source;
     return s < 0 ? path_ : files_[static_cast<size_t>(s)]->path;
   };
   auto add = [&](std::string_view name, int64_t i) {
@@ -321,6 +323,7 @@ void OpenedCheckpoint::Index() {
 }
 
 LogicalModel OpenedCheckpoint::TakeModel() {
+  std::call_once(indexed_, [] {});  // never built after this: the names go with the model
   index_.clear();
   LogicalModel m = std::move(model_);
   model_ = LogicalModel();
@@ -349,6 +352,7 @@ std::vector<std::string> OpenedCheckpoint::Warnings() const {
 }
 
 std::vector<std::string> OpenedCheckpoint::Names() const {
+  Index();
   std::vector<std::string> out;
   out.reserve(model_.tensors.size() + model_.aliases.size());
   for (const LogicalTensor& t : model_.tensors) out.push_back(t.name);
@@ -359,6 +363,7 @@ std::vector<std::string> OpenedCheckpoint::Names() const {
 }
 
 int64_t OpenedCheckpoint::Find(const std::string& name) const {
+  Index();
   auto it = index_.find(name);
   return it == index_.end() ? -1 : it->second;
 }

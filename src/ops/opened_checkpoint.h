@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -87,7 +88,8 @@ class OpenedCheckpoint {
   // Frees what only describing needed (the pickle graphs; the tensor tables and maps stay):
   // a writer that follows keeps its peak memory to its own.
   void ReleaseParsed();
-  const std::vector<TensorPlace>& places() const { return places_; }
+  // Where model().tensors[i] is (a folder format's pieces: the default, no file).
+  TensorPlace place(size_t i) const { return i < places_.size() ? places_[i] : TensorPlace(); }
   // Every name in source order: each tensor's, then the aliases (other names of a tensor).
   std::vector<std::string> Names() const;
   // Index into model().tensors of `name` (an alias gives its owner's); -1 when absent.
@@ -107,7 +109,8 @@ class OpenedCheckpoint {
   void OpenFiles(const std::vector<std::string>& paths);
   void AddTorchTensors(size_t source);
   void AddSafetensorsTensors(size_t source);
-  void Index();
+  void Index() const;
+  void BuildIndex() const;
 
   std::string path_, opened_, kind_, model_key_;
   // Destroyed last: the files below map their skeletons.
@@ -121,7 +124,10 @@ class OpenedCheckpoint {
   std::vector<std::string> unsafe_;
   std::map<std::string, std::string> metadata_;
   // Every name -> its tensor; views of model_'s strings.
-  std::unordered_map<std::string_view, int64_t> index_;
+  // Built by the first Find() or Names() (at once when several files are opened: a name in
+  // two of them is refused then).
+  mutable std::unordered_map<std::string_view, int64_t> index_;
+  mutable std::once_flag indexed_;
 };
 
 }  // namespace ckpt

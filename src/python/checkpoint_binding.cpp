@@ -101,7 +101,7 @@ void BindCheckpoint(py::module_& module) {
            [](const OpenedCheckpoint& c, const std::string& name) {
              int64_t i = 0;
              const LogicalTensor& t = TensorNamed(c, name, &i);
-             const TensorPlace& p = c.places()[static_cast<size_t>(i)];
+             const TensorPlace p = c.place(static_cast<size_t>(i));
              py::dict d;
              d["name"] = t.name;  // the owner's name when `name` is an alias
              d["dtype"] = std::string(torch::Name(t.stored));

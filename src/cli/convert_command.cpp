@@ -25,48 +25,35 @@ namespace ckpt::cli {
 
 namespace {
 
+// The engine's options are bound to the flags directly; the rest say where the output goes
+// and how the result is printed.
 struct ConvertCliOptions {
+  ConvertOptions co;
   std::vector<std::string> paths;
   std::string dtype;
   std::string output_dir;
   std::string output_file;
-  std::vector<std::string> keep;
-  std::vector<std::string> only;
-  bool keep_1d = false;
-  bool include_optimizer = false;
-  bool lossy = false;
   bool force = false;
   bool quiet = false;
-  bool dry_run = false;
   unsigned threads = DefaultThreads();
   bool json = false;
-  bool allow_unsafe_globals = false;
-  std::vector<std::string> trust;
 };
 
 int RunConvert(ConvertCliOptions o) {
-  ReclaimPaths(o.keep, o.paths);
-  ReclaimPaths(o.only, o.paths);
+  ConvertOptions& co = o.co;
+  ReclaimPaths(co.keep, o.paths);
+  ReclaimPaths(co.only, o.paths);
   if (o.paths.empty()) {
     PrintError("give checkpoint files or model folders to convert");
     return 2;
   }
-  ConvertOptions co;
   co.to = *kernels::ParseHalf(o.dtype);  // CLI11 checked it
-  co.keep = o.keep;
-  co.only = o.only;
-  co.keep_1d = o.keep_1d;
-  co.include_optimizer = o.include_optimizer;
-  co.lossy = o.lossy;
-  co.dry_run = o.dry_run;
-  co.allow_unsafe_globals = o.allow_unsafe_globals;
-  co.trust.patterns = o.trust;
   ArchiveInputs archives(o.paths, o.output_dir.empty() ? o.output_file : o.output_dir, o.threads,
                          "-o or --output-dir");
   ConvertTree tree = PlanConvertTree(o.paths, o.output_dir, o.output_file, o.dtype, o.force);
   // A folder's training-only files (optimizer.pt, rng_state.pth...) are copied as they are,
   // unless training state is to be converted too. A file named on its own is converted.
-  if (!o.include_optimizer) {
+  if (!co.include_optimizer) {
     auto training = [&](const PathPair& j) {
       return IsTrainingOnlyFile(j.input) &&
              std::find(o.paths.begin(), o.paths.end(), j.input) == o.paths.end();
@@ -90,7 +77,7 @@ int RunConvert(ConvertCliOptions o) {
       dirs.insert(std::filesystem::path(j.output).parent_path().string());
   }
   for (const std::string& d : dirs) {
-    if (!d.empty() && !o.dry_run) std::filesystem::create_directories(d);
+    if (!d.empty() && !co.dry_run) std::filesystem::create_directories(d);
   }
   std::vector<std::string> inputs;
   for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
@@ -133,16 +120,16 @@ int RunConvert(ConvertCliOptions o) {
     } else if (!o.quiet) {
       if (r.converted == 0 && r.kept_float32 == 0) {
         std::cout << Printable(fmt::format("{} -> {}: no float32 tensors; {} unchanged", r.path,
-                                           r.output, o.dry_run ? "would be copied" : "copied"))
+                                           r.output, co.dry_run ? "would be copied" : "copied"))
                   << "\n";
       } else {
         std::cout << Printable(fmt::format(
                          "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
                          HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
-                         o.dry_run ? "would be converted" : "converted", r.kept_float32))
+                         co.dry_run ? "would be converted" : "converted", r.kept_float32))
                   << "\n";
       }
-      if (r.kept_training && !o.include_optimizer) {
+      if (r.kept_training && !co.include_optimizer) {
         std::cout << fmt::format(
             "  kept as they are: {} of training state (optimizer, scheduler, RNG; "
             "--include-optimizer converts them)\n",
@@ -153,11 +140,11 @@ int RunConvert(ConvertCliOptions o) {
         std::cout << "  lost precision: " << Printable(l) << "\n";
     }
   }
-  if (o.dry_run) {
+  if (co.dry_run) {
     tree.indexes.clear();  // nothing is copied or rewritten; the summary counts the copies
   }
   for (const PathPair& j : tree.copies) {
-    if (o.dry_run) break;
+    if (co.dry_run) break;
     try {
       CopyFile(j, o.dtype);
     } catch (const Error& e) {
@@ -186,14 +173,14 @@ int RunConvert(ConvertCliOptions o) {
                                tree.checkpoints.size());
   } else if (!o.quiet) {
     std::cout << fmt::format(
-        "{} {} {}: {} -> {}{}{}\n", o.dry_run ? "Dry run:" : "Done.",
-        Count(tree.checkpoints.size(), "file"), o.dry_run ? "would be converted" : "converted",
+        "{} {} {}: {} -> {}{}{}\n", co.dry_run ? "Dry run:" : "Done.",
+        Count(tree.checkpoints.size(), "file"), co.dry_run ? "would be converted" : "converted",
         HumanBytes(before), HumanBytes(after),
         tree.copies.empty()
             ? ""
             : fmt::format(" ({} {} unchanged)", Count(tree.copies.size(), "other file"),
-                          o.dry_run ? "would be copied" : "copied"),
-        o.dry_run ? " (nothing written)" : "");
+                          co.dry_run ? "would be copied" : "copied"),
+        co.dry_run ? " (nothing written)" : "");
   }
   return rc;
 }
@@ -209,19 +196,22 @@ Runner AddConvert(CLI::App& app) {
   app.add_option("--output-dir", o->output_dir,
                  "Where outputs go (default for a folder: <folder>/bf16 or <folder>/fp16)");
   app.add_option("-o,--output", o->output_file, "Output file, for a single input file");
-  app.add_option("--keep", o->keep, "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
-  app.add_option("--only", o->only, "Convert only tensors whose name matches one of these globs");
-  app.add_flag("--keep-1d", o->keep_1d, "Keep 1-D tensors (norms, biases) in float32");
-  app.add_flag("--include-optimizer", o->include_optimizer,
+  app.add_option("--keep", o->co.keep,
+                 "Tensor-name globs that stay float32 (e.g. '*norm*' '*.bias')");
+  app.add_option("--only", o->co.only,
+                 "Convert only tensors whose name matches one of these globs");
+  app.add_flag("--keep-1d", o->co.keep_1d, "Keep 1-D tensors (norms, biases) in float32");
+  app.add_flag("--include-optimizer", o->co.include_optimizer,
                "Convert training state too (optimizer moments, schedulers; never counters "
                "that would change, never DeepSpeed's fp32 master weights)");
   app.add_flag("-f,--force", o->force, "Write over existing outputs");
-  app.add_flag("--dry-run", o->dry_run, "Measure and report what would be written; write nothing");
+  app.add_flag("--dry-run", o->co.dry_run,
+               "Measure and report what would be written; write nothing");
   app.add_flag("-q,--quiet", o->quiet, "Print only errors and warnings");
-  app.add_flag("--lossy", o->lossy,
+  app.add_flag("--lossy", o->co.lossy,
                "Also convert tensors whose values would change beyond rounding (overflow to "
                "infinity, flush to zero, whole numbers that change); the report lists them");
-  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
+  AddRewriteFlags(app, &o->threads, &o->json, &o->co.allow_unsafe_globals, &o->co.trust.patterns);
   return [o] { return RunConvert(*o); };
 }
 

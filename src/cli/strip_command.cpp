@@ -28,24 +28,23 @@ namespace ckpt::cli {
 
 namespace {
 
+// The engine's options are bound to the flags directly (its output is set below: where the
+// command writes may be a temp place); the rest say where and how.
 struct StripCliOptions {
+  StripOptions so;
   std::vector<std::string> paths;
   std::string output;
-  std::vector<std::string> drop;
-  std::vector<std::string> keep;
-  bool dry_run = false;
   bool delete_files = false;
   bool force = false;
   bool quiet = false;
   bool json = false;
   unsigned threads = DefaultThreads();
-  bool allow_unsafe_globals = false;
-  std::vector<std::string> trust;
 };
 
 int RunStrip(StripCliOptions o) {
-  ReclaimPaths(o.drop, o.paths);
-  ReclaimPaths(o.keep, o.paths);
+  StripOptions& so = o.so;
+  ReclaimPaths(so.drop, o.paths);
+  ReclaimPaths(so.keep, o.paths);
   if (o.paths.empty()) {
     PrintError("give checkpoint files or folders to strip");
     return 2;
@@ -63,13 +62,7 @@ int RunStrip(StripCliOptions o) {
     PrintError("--delete-files deletes in place; a copy (-o) leaves training-only files out");
     return 2;
   }
-  StripOptions so;
-  so.drop = o.drop;
-  so.keep = o.keep;
-  so.dry_run = o.dry_run;
   so.output = o.output;
-  so.allow_unsafe_globals = o.allow_unsafe_globals;
-  so.trust.patterns = o.trust;
   StripTargets targets = CollectStripTargets(o.paths);
   std::vector<std::string>& files = targets.files;
   const std::vector<std::string>& training_files = targets.training_files;
@@ -78,7 +71,7 @@ int RunStrip(StripCliOptions o) {
   // without --force.
   const bool folder_output = folder_copy || (!o.output.empty() && !targets.dcp_folders.empty());
   std::optional<SharedPlace> place;
-  if (!o.output.empty() && o.dry_run) {
+  if (!o.output.empty() && so.dry_run) {
     OutputPlace::Check(o.output, o.force, OutputPlace::Kind::kFolder);
   } else if (folder_output) {
     place = MakeSharedPlace(o.output, o.force, OutputPlace::Kind::kFolder, true);
@@ -99,14 +92,14 @@ int RunStrip(StripCliOptions o) {
   // thread.
   const size_t plain_files = files.size();
   files.insert(files.end(), targets.dcp_folders.begin(), targets.dcp_folders.end());
-  Batch batch(files, o.threads, "strip", ProgressWanted(!o.json && !o.dry_run), plain_files);
+  Batch batch(files, o.threads, "strip", ProgressWanted(!o.json && !so.dry_run), plain_files);
   so.threads = batch.threads_per_file();
   StripOptions dso = so;
   dso.threads = o.threads;
   std::vector<StripResult> results(files.size());
   std::vector<std::string> errors = batch.Run<StripResult>(results, [&](size_t i) {
     StripOptions mine = i < plain_files ? so : dso;
-    if (!o.output.empty() && !o.dry_run) mine.output = output_of(files[i]);
+    if (!o.output.empty() && !so.dry_run) mine.output = output_of(files[i]);
     return i < plain_files ? StripFile(files[i], mine) : StripDcp(files[i], mine);
   });
   if (!batch.reports()) return 0;  // rank 0 reports for every rank
@@ -153,7 +146,7 @@ int RunStrip(StripCliOptions o) {
     } else if (!o.quiet) {
       std::string why = r.dropped.empty() ? " (nothing to drop)"
                         : !r.note.empty() ? " (" + r.note + ")"
-                        : o.dry_run       ? " (dry run)"
+                        : so.dry_run      ? " (dry run)"
                                           : "";
       std::string where = r.output != r.path ? " in " + r.output : "";
       std::cout << Printable(fmt::format("{}: {} -> {}{}{}", r.path, HumanBytes(r.before),
@@ -168,8 +161,8 @@ int RunStrip(StripCliOptions o) {
     nlohmann::ordered_json row = {{"path", archives.Shown(t)}, {"bytes", size}, {"deleted", false}};
     std::string state = "kept; --delete-files removes it";
     if (folder_copy) {
-      state = o.dry_run ? "would be left out of the copy" : "left out of the copy";
-    } else if (o.delete_files && !o.dry_run) {
+      state = so.dry_run ? "would be left out of the copy" : "left out of the copy";
+    } else if (o.delete_files && !so.dry_run) {
       NoteChanging();
       if (std::filesystem::remove(t, ec)) {
         row["deleted"] = true;
@@ -183,7 +176,7 @@ int RunStrip(StripCliOptions o) {
         rc = 1;
         state = "NOT deleted: " + why;
       }
-    } else if (o.dry_run && o.delete_files) {
+    } else if (so.dry_run && o.delete_files) {
       state = "dry run; --delete-files would remove it";
     }
     tfiles.push_back(row);
@@ -200,14 +193,14 @@ int RunStrip(StripCliOptions o) {
     PrintJson(doc);
   } else if (folder_copy && rc == 0 && !o.quiet) {
     std::string what =
-        o.dry_run ? fmt::format(
-                        "Would write {}: {} stripped, {} left out, the rest copied "
-                        "unchanged (dry run: nothing written)",
-                        o.output, Count(files.size(), "file"),
-                        Count(training_files.size(), "training-only file"))
-                  : fmt::format("Wrote {}: {} stripped, {} copied unchanged, {} left out", o.output,
-                                Count(files.size(), "file"), Count(copied, "other file"),
-                                Count(training_files.size(), "training-only file"));
+        so.dry_run ? fmt::format(
+                         "Would write {}: {} stripped, {} left out, the rest copied "
+                         "unchanged (dry run: nothing written)",
+                         o.output, Count(files.size(), "file"),
+                         Count(training_files.size(), "training-only file"))
+                   : fmt::format("Wrote {}: {} stripped, {} copied unchanged, {} left out",
+                                 o.output, Count(files.size(), "file"), Count(copied, "other file"),
+                                 Count(training_files.size(), "training-only file"));
     std::cout << Printable(what) << "\n";
   } else if (folder_copy && rc != 0) {
     PrintError(fmt::format("{}: not written (nothing of the copy is left)", o.output));
@@ -223,15 +216,15 @@ Runner AddStrip(CLI::App& app) {
   app.add_option("-o,--output", o->output,
                  "Write here instead of in place: a file, or for a folder a stripped copy of it "
                  "(training-only files left out)");
-  app.add_option("--drop", o->drop,
+  app.add_option("--drop", o->so.drop,
                  "Key-path globs to remove (default: optimizer, scheduler, scaler and RNG state)");
-  app.add_option("--keep", o->keep, "Key-path globs never removed");
-  app.add_flag("--dry-run", o->dry_run, "Show what would go; write nothing");
+  app.add_option("--keep", o->so.keep, "Key-path globs never removed");
+  app.add_flag("--dry-run", o->so.dry_run, "Show what would go; write nothing");
   app.add_flag("--delete-files", o->delete_files,
                "In folders, delete training-only files (optimizer.pt, *optim_states.pt...)");
   app.add_flag("-f,--force", o->force, "Replace an existing output");
   app.add_flag("-q,--quiet", o->quiet, "Print only errors");
-  AddRewriteFlags(app, &o->threads, &o->json, &o->allow_unsafe_globals, &o->trust);
+  AddRewriteFlags(app, &o->threads, &o->json, &o->so.allow_unsafe_globals, &o->so.trust.patterns);
   return [o] { return RunStrip(*o); };
 }
 

@@ -48,7 +48,6 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   c->path_ = paths.size() == 1 ? paths[0] : fmt::format("{} paths", paths.size());
   const std::string parent = o.temp_parent.empty() ? ReadOnlyTempParent() : o.temp_parent;
   std::vector<std::string> opened;  // each path, an archive as the path it holds
-  std::vector<std::string> prefixes;
   for (const std::string& p : paths) {
     if (ContainerOf(p) == Container::kArchive) {
       c->archives_.push_back(ArchiveView::Open(p, parent, o.threads));
@@ -85,6 +84,7 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
       c->kind_ = "files";
       c->OpenFiles(files);
     }
+    if (c->files_.size() > 1) c->Index();  // refuses a name in two of the files
   } catch (const Error& e) {
     if (c->archives_.empty()) throw;
     std::string what = e.what();
@@ -95,7 +95,6 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   }
   if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
     Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
-  if (c->files_.size() > 1) c->Index();  // refuses a name in two of the files
   return c;
 }
 

@@ -185,7 +185,7 @@ Checkpoint OpenDcp(const std::string& folder);
 // The same from memory (fuzzing, tests): `files` maps relative paths to their bytes.
 Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files);
 
-// The tensors as logical tensors (ops/logical_model.h) whose spans come from the items;
+// The tensors as logical tensors (torch/logical_model.h) whose spans come from the items;
 // tensors not `complete` are left out. `c` must outlive the model.
 LogicalModel DcpLogicalModel(const Checkpoint& c);
 

@@ -48,22 +48,27 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   c->path_ = paths.size() == 1 ? paths[0] : fmt::format("{} paths", paths.size());
   const std::string parent = o.temp_parent.empty() ? ReadOnlyTempParent() : o.temp_parent;
   std::vector<std::string> opened;  // each path, an archive as the path it holds
+  std::vector<Container> kinds;     // what each of those holds, decided once
   for (const std::string& p : paths) {
-    if (ContainerOf(p) == Container::kArchive) {
+    Container kind = ContainerOf(p);
+    if (kind == Container::kArchive) {
       c->archives_.push_back(ArchiveView::Open(p, parent, o.threads));
       opened.push_back(c->archives_.back()->root());
+      kind = ContainerOf(opened.back());
     } else {
       opened.push_back(p);
     }
+    kinds.push_back(kind);
   }
   c->opened_ = opened[0];
   try {
     if (opened.size() == 1) {
-      c->OpenOne(opened[0], o);
+      c->OpenOne(opened[0], kinds[0], o);
     } else {
       std::vector<std::string> files;
-      for (const std::string& p : opened) {
-        switch (ContainerOf(p)) {
+      for (size_t i = 0; i < opened.size(); ++i) {
+        const std::string& p = opened[i];
+        switch (kinds[i]) {
           case Container::kFile:
             files.push_back(p);
             break;
@@ -98,8 +103,8 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   return c;
 }
 
-void OpenedCheckpoint::OpenOne(const std::string& at, const OpenOptions& o) {
-  switch (ContainerOf(at)) {
+void OpenedCheckpoint::OpenOne(const std::string& at, Container kind, const OpenOptions& o) {
+  switch (kind) {
     case Container::kFile:
       OpenFiles({at});
       kind_ = FormatName(files_[0]->format);
@@ -221,16 +226,11 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
     lt.input = input;
     lt.offset = s.data_offset + t.byte_begin;
     lt.training = in_training;
-    TensorPlace place;
-    place.source = static_cast<int32_t>(source);
-    place.torch_tensor = static_cast<int32_t>(ti);
     // The reads capture two pointers (the file and its tensor table's entry, which stay) so
     // that std::function holds them without an allocation per tensor.
     const CheckpointFile* fp = &f;
     const torch::Tensor* tp = &t;
     if (IsContiguous(t) && s.present && !s.compressed) {
-      place.direct = archives_.empty();
-      place.offset = lt.offset;
       lt.read = [fp, tp](uint64_t first, uint64_t count, const SpanSink& sink) {
         const uint64_t size = torch::ElementSize(tp->dtype);
         const uint64_t at =
@@ -252,7 +252,6 @@ void OpenedCheckpoint::AddTorchTensors(size_t source) {
     }
     size_t owner = model_.tensors.size();
     model_.tensors.push_back(std::move(lt));
-    places_.push_back(place);
     for (size_t k = 1; k < t.names.size(); ++k)
       model_.aliases.emplace_back(std::string(t.names[k]), model_.tensors[owner].name);
   }
@@ -285,12 +284,7 @@ void OpenedCheckpoint::AddSafetensorsTensors(size_t source) {
     lt.input = input;
     lt.offset = at;
     lt.training = training.Contains(e.name);
-    TensorPlace place;
-    place.direct = archives_.empty();
-    place.offset = at;
-    place.source = static_cast<int32_t>(source);
     model_.tensors.push_back(std::move(lt));
-    places_.push_back(place);
   }
 }
 
@@ -300,8 +294,8 @@ void OpenedCheckpoint::Index() const {
 
 void OpenedCheckpoint::BuildIndex() const {
   auto file_of = [&](int64_t i) {
-    int32_t s = place(static_cast<size_t>(i)).source;
-    return s < 0 ? path_ : files_[static_cast<size_t>(s)]->path;
+    int32_t input = model_.tensors[static_cast<size_t>(i)].input;
+    return input < 0 ? path_ : files_[static_cast<size_t>(input)]->path;
   };
   auto add = [&](std::string_view name, int64_t i) {
     auto [it, fresh] = index_.emplace(name, i);
@@ -339,6 +333,12 @@ void OpenedCheckpoint::ReleaseParsed() {
   if (zero_) {
     for (auto& f : zero_->files) f->torch.reset();
   }
+}
+
+const std::string* OpenedCheckpoint::DirectFile(const LogicalTensor& t) const {
+  // A file's tensors have input = its index in files_ (OpenFiles adds one input per file).
+  if (!archives_.empty() || t.input < 0 || t.whole) return nullptr;
+  return &files_[static_cast<size_t>(t.input)]->path;
 }
 
 std::vector<std::string> OpenedCheckpoint::Warnings() const {

@@ -19,21 +19,10 @@
 #include "deepspeed/zero_checkpoint.h"
 #include "file/checkpoint_file.h"
 #include "ops/archive_view.h"
+#include "ops/discovery.h"
 #include "torch/logical_model.h"
 
 namespace ckpt {
-
-// Where one logical tensor's elements are, beside its read().
-struct TensorPlace {
-  // files()[source] is a real file (not an archive's skeleton) that holds the elements in
-  // row-major order at `offset`: a reader may map them instead of copying.
-  bool direct = false;
-  uint64_t offset = 0;
-  // Index into files() (-1: a folder format's pieces); a torch file's tensor: index into its
-  // tensor table, else -1.
-  int32_t source = -1;
-  int32_t torch_tensor = -1;
-};
 
 struct OpenOptions {
   unsigned threads = 0;         // decoding an archive (0: the machine's cores)
@@ -88,8 +77,10 @@ class OpenedCheckpoint {
   // Frees what only describing needed (the pickle graphs; the tensor tables and maps stay):
   // a writer that follows keeps its peak memory to its own.
   void ReleaseParsed();
-  // Where model().tensors[i] is (a folder format's pieces: the default, no file).
-  TensorPlace place(size_t i) const { return i < places_.size() ? places_[i] : TensorPlace(); }
+  // The real file (not an archive's skeleton) that holds `t`'s elements whole and in
+  // row-major order at t.offset, so that a reader may map them instead of copying; null for
+  // pieces of a folder format, strided views and anything in an archive.
+  const std::string* DirectFile(const LogicalTensor& t) const;
   // Every name in source order: each tensor's, then the aliases (other names of a tensor).
   std::vector<std::string> Names() const;
   // Index into model().tensors of `name` (an alias gives its owner's); -1 when absent.
@@ -104,7 +95,7 @@ class OpenedCheckpoint {
 
  private:
   OpenedCheckpoint() = default;
-  void OpenOne(const std::string& at, const OpenOptions& o);
+  void OpenOne(const std::string& at, Container kind, const OpenOptions& o);
   void OpenDcp(const std::string& at);
   void OpenFiles(const std::vector<std::string>& paths);
   void AddTorchTensors(size_t source);
@@ -119,7 +110,6 @@ class OpenedCheckpoint {
   std::unique_ptr<deepspeed::ZeroCheckpoint> zero_;
   std::unique_ptr<dcp::Checkpoint> dcp_;
   LogicalModel model_;
-  std::vector<TensorPlace> places_;
   std::vector<UnreadableTensor> unreadable_;
   std::vector<std::string> unsafe_;
   std::map<std::string, std::string> metadata_;

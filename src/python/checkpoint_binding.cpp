@@ -49,14 +49,12 @@ void Fill(char* dst, uint64_t size, const std::string& what, Read&& read) {
   if (at != size) Fail("{}: the input gave {} of {} bytes", what, at, size);
 }
 
-const LogicalTensor& TensorNamed(const OpenedCheckpoint& c, const std::string& name,
-                                 int64_t* index = nullptr) {
+const LogicalTensor& TensorNamed(const OpenedCheckpoint& c, const std::string& name) {
   int64_t i = c.Find(name);
   if (i < 0) {
     PyErr_SetString(PyExc_KeyError, name.c_str());
     throw py::error_already_set();
   }
-  if (index) *index = i;
   return c.model().tensors[static_cast<size_t>(i)];
 }
 
@@ -99,19 +97,16 @@ void BindCheckpoint(py::module_& module) {
            [](const OpenedCheckpoint& c, const std::string& name) { return c.Find(name) >= 0; })
       .def("info",
            [](const OpenedCheckpoint& c, const std::string& name) {
-             int64_t i = 0;
-             const LogicalTensor& t = TensorNamed(c, name, &i);
-             const TensorPlace p = c.place(static_cast<size_t>(i));
+             const LogicalTensor& t = TensorNamed(c, name);
+             const std::string* file = c.DirectFile(t);
              py::dict d;
              d["name"] = t.name;  // the owner's name when `name` is an alias
              d["dtype"] = std::string(torch::Name(t.stored));
              d["shape"] = Tuple(t.shape);
              d["numel"] = t.numel;
              d["nbytes"] = t.numel * torch::ElementSize(t.stored);
-             d["file"] = p.direct
-                             ? py::object(py::str(c.files()[static_cast<size_t>(p.source)]->path))
-                             : py::object(py::none());
-             d["offset"] = p.offset;
+             d["file"] = file ? py::object(py::str(*file)) : py::object(py::none());
+             d["offset"] = file ? t.offset : 0;
              return d;
            })
       .def("read_into",

@@ -127,7 +127,7 @@ VerifyOutcome Check(const Located& item, unsigned threads, const torch::Trust& t
     }
     case Container::kDcp: {
       // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
-      dcp::Checkpoint c = dcp::OpenDcp(path);
+      dcp::Checkpoint c = dcp::OpenDcp(path, trust);
       DcpVerifyResult r = VerifyDcp(c, threads);
       return VerifyOutcome{
           std::move(r.problems),

@@ -158,10 +158,11 @@ Metadata ReadFolderMetadata(const std::string& folder) {
   });
 }
 
-Checkpoint OpenDcp(const std::string& folder) {
+Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust) {
   return WithContext(folder, [&] {
     Checkpoint c;
     c.folder = folder;
+    c.trust = trust;
     ReadMetadataInto(folder, c);
     std::vector<std::string> paths;
     for (const StorageEntry& s : c.meta.storage) paths.push_back(s.path);

@@ -148,6 +148,7 @@ struct Checkpoint {
   std::vector<Object> objects;
   std::vector<torch::Problem> problems;
   uint64_t in_memory_budget = 64 << 20;  // decompressed items held in memory, at most
+  torch::Trust trust;                    // what the objects' pickles are judged with
 };
 
 // Drops the pages of items' archives, read through their files' mappings, from the resident
@@ -179,8 +180,8 @@ bool IsDcpPart(const std::string& path);
 Metadata ReadFolderMetadata(const std::string& folder);
 
 // Reads the folder. Throws ckpt::Error (naming the folder) when the metadata is unreadable;
-// every other problem is recorded in problems.
-Checkpoint OpenDcp(const std::string& folder);
+// every other problem is recorded in problems. The objects' pickles are judged with `trust`.
+Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust = {});
 
 // The same from memory (fuzzing, tests): `files` maps relative paths to their bytes.
 Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files);

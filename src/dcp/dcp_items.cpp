@@ -130,7 +130,8 @@ void ReadItem(Checkpoint& c, Item& item, const EntryMeta* meta, const ChunkMeta*
   const torch::Model& m = tf.model;
   if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
   if (chunk == nullptr) {  // BYTE_IO: a torch.save'd object
-    item.scan = torch::ScanPickle(m.graph);
+    item.scan = torch::ScanPickle(m.graph, c.trust);
+    item.scan.accepted = {};  // what ckptool.load needs, not the folder's readers
     for (const torch::Storage& st : m.storages) item.tensor_bytes += st.nbytes;
     item.readable = true;
     return;

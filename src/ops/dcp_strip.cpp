@@ -79,7 +79,7 @@ void FilterDict(Graph& g, NodeId d, Keep keep) {
 }  // namespace
 
 StripResult StripDcp(const std::string& folder, const StripOptions& o) {
-  dcp::Checkpoint c = dcp::OpenDcp(folder);
+  dcp::Checkpoint c = dcp::OpenDcp(folder, o.trust);
   StripResult r;
   r.path = folder;
   r.output = o.output.empty() ? folder : o.output;

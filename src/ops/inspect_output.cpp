@@ -100,7 +100,7 @@ std::string RenderText(const FileReport& r, size_t top_n) {
           mark = "UNSAFE: called when loaded, on no allowlist";
           break;
         case torch::Verdict::kReconstructed:
-          mark = "rebuilt from its state; not on torch's weights_only allowlist";
+          mark = "UNSAFE: rebuilt without a call (its __setstate__ runs), on no allowlist";
           break;
         case torch::Verdict::kReferenced:
           mark = "not on torch's weights_only allowlist";

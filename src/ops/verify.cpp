@@ -68,29 +68,21 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   out.problems.insert(out.problems.end(), errors.begin(), errors.end());
 }
 
-// What can run code is a problem; what only torch.load(weights_only=True) refuses, and the
-// classes rebuilt without a call, are notes.
+// What can run code is a problem (torch::ScanPickle's findings); what only
+// torch.load(weights_only=True) refuses is a note.
 void CheckGlobals(const torch::Model& m, const torch::Trust& trust, VerifyResult& out) {
   torch::PickleScan scan = torch::ScanPickle(m.graph, trust);
   for (const torch::UnsafeFinding& u : scan.findings) {
     out.problems.push_back({fmt::format("pickle offset {}", m.graph.at(u.node).stream_offset),
                             torch::ExplainFinding(u)});
   }
-  std::string refused, rebuilt;
+  std::string refused;
   for (const torch::ImportedName& n : scan.names) {
     if (n.cls != torch::GlobalClass::kOther || n.verdict == torch::Verdict::kUnsafe) continue;
     refused += refused.empty() ? n.name : ", " + n.name;
-    if (n.verdict == torch::Verdict::kReconstructed)
-      rebuilt += rebuilt.empty() ? n.name : ", " + n.name;
   }
   if (!refused.empty()) {
     out.notes.push_back("torch.load(weights_only=True) refuses it: it imports " + refused);
-  }
-  if (!rebuilt.empty()) {
-    out.notes.push_back(
-        "torch.load rebuilds instances of " + rebuilt +
-        " without calling the class (their __new__ and __setstate__ run); not on ckptool's "
-        "allowlist, not a call the file chooses");
   }
 }
 

@@ -441,7 +441,7 @@ StepOutcome RunVerify(const StepContext& c) {
   }
   for (const std::string& folder : dcp) {
     try {
-      dcp::Checkpoint d = dcp::OpenDcp(folder);
+      dcp::Checkpoint d = dcp::OpenDcp(folder, torch::Trust{c.p.trust});
       DcpVerifyResult r = VerifyDcp(d, c.threads);
       for (const auto& p : r.problems)
         found.push_back(fmt::format("{}: {}: {}", folder, p.where, p.what));

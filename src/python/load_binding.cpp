@@ -41,12 +41,10 @@ class GraphLoader {
         hooks_(std::move(hooks)) {
     torch::Trust t;
     t.patterns = trust;
-    for (const torch::ImportedName& n : torch::ScanPickle(g_, t).names) {
-      if (n.verdict == torch::Verdict::kWeightsOnly || n.verdict == torch::Verdict::kAllowed ||
-          n.verdict == torch::Verdict::kTrusted) {
-        (n.getattr ? accepted_reads_ : accepted_).insert(n.raw);
-      }
-    }
+    // Only what the verdict accepted node by node is built for real: a call whose callable and
+    // every argument fit a declared data constructor, a global that may be imported. Anything
+    // else becomes an inert record, so nothing the verdict refused can run here.
+    accepted_ = torch::ScanPickle(g_, t).accepted;
     for (size_t i = 0; i < m_.tensors.size(); ++i) {
       if (m_.tensors[i].node != kNil) tensor_of_.emplace(m_.tensors[i].node, i);
     }
@@ -160,7 +158,7 @@ class GraphLoader {
 
   py::object Global(NodeId id) {
     std::string module(g_.global_module(id)), name(g_.global_name(id));
-    if (accepted_.count(g_.GlobalText(id))) return hooks_.attr("resolve")(module, name);
+    if (accepted_[id]) return hooks_.attr("resolve")(module, name);
     return hooks_.attr("pickled")(module, name, false);
   }
 
@@ -175,6 +173,7 @@ class GraphLoader {
       return c.args == kNil ? py::object(py::tuple()) : Convert(c.args, depth + 1);
     };
     py::object obj;
+    bool accepted = accepted_[id] != 0;
     if (std::string read = AttributeRead(id); !read.empty()) {
       // getattr(Class, 'NAME'): how Python 3.11 pickles an Enum member. Judged as the read
       // Class.NAME (torch/global_policy.h): resolved when accepted, else an inert record of
@@ -183,20 +182,20 @@ class GraphLoader {
       std::string module(g_.global_module(cls));
       std::string name =
           std::string(g_.global_name(cls)) + "." + std::string(g_.text(g_.Arg(id, 1)));
-      if (accepted_reads_.count(read)) return Memo(id, hooks_.attr("resolve")(module, name));
+      if (accepted) return Memo(id, hooks_.attr("resolve")(module, name));
       return Memo(id, hooks_.attr("pickled")(module, name, false));
-    } else if (text == "collections.OrderedDict") {
+    } else if (accepted && text == "collections.OrderedDict") {
       obj = ordered_dict_();
       Memo(id, obj);
       // OrderedDict([(k, v), ...]): the pairs as its argument.
       if (c.args != kNil && g_.ArgCount(id) == 1)
         obj.attr("update")(Convert(g_.Arg(id, 0), depth + 1));
-    } else if (text == "_codecs.encode" && g_.ArgCount(id) == 2 &&
+    } else if (accepted && text == "_codecs.encode" && g_.ArgCount(id) == 2 &&
                g_.kind(g_.Arg(id, 0)) == Kind::kStr && g_.kind(g_.Arg(id, 1)) == Kind::kStr) {
       // Protocol 2's bytes: encode(text, 'latin1').
       py::str s = Convert(g_.Arg(id, 0), depth + 1);
       obj = Memo(id, s.attr("encode")(Convert(g_.Arg(id, 1), depth + 1)));
-    } else if (global && accepted_.count(text)) {
+    } else if (global && accepted) {
       py::object callee = Convert(fn, depth + 1);
       py::object kwargs = c.kwargs == kNil ? py::object(py::dict()) : Convert(c.kwargs, depth + 1);
       obj = Memo(id, hooks_.attr("call")(callee, args(), kwargs, static_cast<int>(c.construct)));
@@ -250,8 +249,7 @@ class GraphLoader {
   size_t source_;
   py::object hooks_;
   py::object ordered_dict_;
-  std::unordered_set<std::string> accepted_;
-  std::unordered_set<std::string> accepted_reads_;  // attribute reads: "pkg.Class.NAME"
+  std::vector<uint8_t> accepted_;  // per node (torch::PickleScan::accepted)
   std::unordered_map<NodeId, size_t> tensor_of_;
   std::unordered_map<NodeId, int32_t> storage_of_;
   std::unordered_map<NodeId, py::object> memo_;

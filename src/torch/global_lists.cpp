@@ -155,8 +155,9 @@ constexpr QualName kTorchAllowed[] = {
 // ckptool's reviewed allowlist: data constructors a file may call (or name) beyond torch's
 // weights_only list, and the classes the real training stacks pickle. Each builds a value
 // from its arguments without running code that the file chooses; what those that take
-// other globals as arguments do with them is in kArgUses. A name here is still judged by
-// the deny list first (it is never on it).
+// other globals as arguments accept there is declared in torch/signatures.cpp. A name here
+// is still judged by the deny list first (it is never on it). No allowlisted class makes
+// callable instances: the verdict relies on data never being callable.
 constexpr QualName kAllowed[] = {
     // builtins and the standard library's value types
     {"builtins", "set"}, {"builtins", "frozenset"}, {"builtins", "bytearray"}, {"builtins", "bytes"},
@@ -167,7 +168,7 @@ constexpr QualName kAllowed[] = {
     {"builtins", "abs"}, {"builtins", "min"}, {"builtins", "max"}, {"builtins", "sum"},
     {"builtins", "round"}, {"builtins", "sorted"}, {"builtins", "reversed"},
     {"builtins", "enumerate"}, {"builtins", "zip"}, {"builtins", "any"}, {"builtins", "all"},
-    {"builtins", "divmod"}, {"builtins", "map"}, {"builtins", "filter"},
+    {"builtins", "divmod"},
     {"collections", "OrderedDict"}, {"collections", "Counter"}, {"collections", "defaultdict"},
     {"collections", "deque"}, {"collections", "ChainMap"}, {"_collections", "deque"},
     {"_collections", "defaultdict"}, {"_collections", "OrderedDict"},
@@ -199,6 +200,8 @@ constexpr QualName kAllowed[] = {
     {"torch", "sparse_csr"}, {"torch", "sparse_csc"}, {"torch", "sparse_bsr"},
     {"torch", "sparse_bsc"}, {"torch", "_mkldnn"}, {"torch", "jagged"},
     {"torch._utils", "_rebuild_sparse_csr_tensor"},
+    // torch.__version__ (a str subclass: copyreg._reconstructor(TorchVersion, str, '2.13.0'))
+    {"torch.torch_version", "TorchVersion"},
     // jagged nested tensors (torch 2.x adds these to weights_only's list when torch.nested is
     // imported): a dataclass of two ints, the tensor class, and its rebuild function
     {"torch._dynamo.decorators", "_DimRange"},
@@ -213,6 +216,8 @@ constexpr QualName kAllowed[] = {
     {"torch.distributed.checkpoint.metadata", "StorageMeta"},
     {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo"},
+    {"torch.distributed._shard.checkpoint.filesystem", "_StorageInfo"},
+    {"megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata"},
     {"torch.distributed.checkpoint.planner", "WriteItemType"},
     {"torch.distributed.checkpoint.planner", "LoadItemType"},
     {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"},
@@ -252,28 +257,6 @@ constexpr QualName kAllowed[] = {
     {"megatron.model.enums", "PositionEmbeddingType"},
 };
 
-// What an allowed constructor does with those of its positional arguments that are globals
-// (bit i: argument i). Arguments not named here are only stored.
-struct ArgUseEntry {
-  QualName callable;
-  ArgUse use;
-};
-constexpr ArgUseEntry kArgUses[] = {
-    // obj = base.__new__(cls, state) and base.__init__(obj, state), unless base is object
-    {{"copyreg", "_reconstructor"}, {.reconstructs = 0b1, .calls_unless_object = 0b10}},
-    // ret = func(*args); ret.as_subclass(new_type); ret.__setstate__(state)
-    {{"torch._tensor", "_rebuild_from_type_v2"}, {.calls = 0b1, .reconstructs = 0b10}},
-    {{"torch._utils", "_rebuild_wrapper_subclass"}, {.reconstructs = 0b1}},
-    {{"numpy.core.multiarray", "_reconstruct"}, {.reconstructs = 0b1}},
-    {{"numpy._core.multiarray", "_reconstruct"}, {.reconstructs = 0b1}},
-    // bit_generator_ctor(name) (a class given as the name is called)
-    {{"numpy.random._pickle", "__randomstate_ctor"}, {.calls = 0b11}},
-    {{"numpy.random._pickle", "__generator_ctor"}, {.calls = 0b11}},
-    {{"numpy.random._pickle", "__bit_generator_ctor"}, {.calls = 0b1}},
-    // map(f, xs) and filter(f, xs) call f on each item when something iterates them
-    {{"builtins", "map"}, {.calls = 0b1}},
-    {{"builtins", "filter"}, {.calls = 0b1}},
-};
 // clang-format on
 
 bool InModule(std::string_view module, std::string_view root) {
@@ -329,6 +312,9 @@ GlobalClass ClassifyGlobal(std::string_view module, std::string_view name) {
       InAny(q.module, kUnsafeTorchModules)) {
     return GlobalClass::kUnsafe;
   }
+  // A module's attribute named like a module of the deny list is, in practice, that module
+  // (GLOBAL 'pathlib os' is the os module pathlib imported): judged as what it resolves to.
+  if (InAny(q.name, kUnsafeModules)) return GlobalClass::kUnsafe;
   if (q.module == "torch" || q.module == "torch.cuda") {
     if (q.name.ends_with("Storage") || q.name.ends_with("Tensor"))
       return GlobalClass::kTorchAllowed;
@@ -348,14 +334,6 @@ bool IsAllowedGlobal(std::string_view module, std::string_view name) {
 
 bool IsUnsafeModulePath(std::string_view path) {
   return InAny(path, kUnsafeModules) || InAny(path, kUnsafeTorchModules);
-}
-
-ArgUse ArgUseOf(std::string_view module, std::string_view name) {
-  QualName q = Normalize(module, name);
-  for (const ArgUseEntry& e : kArgUses) {
-    if (e.callable.module == q.module && e.callable.name == q.name) return e.use;
-  }
-  return {};
 }
 
 const char* GlobalClassName(GlobalClass c) {

@@ -35,13 +35,4 @@ bool IsAllowedGlobal(std::string_view module, std::string_view name);
 // Is `path` (a module, or a module's attribute) one of the deny list's modules or below one?
 bool IsUnsafeModulePath(std::string_view path);
 
-// What an allowed constructor does with its positional arguments that are globals, as bit
-// masks over argument positions.
-struct ArgUse {
-  uint8_t calls = 0;                // calls it
-  uint8_t reconstructs = 0;         // makes an instance of it without calling it (__new__)
-  uint8_t calls_unless_object = 0;  // calls it unless it is builtins.object
-};
-ArgUse ArgUseOf(std::string_view module, std::string_view name);
-
 }  // namespace ckpt::torch

@@ -1,38 +1,23 @@
-// What a pickle would import and call when torch.load unpickles it, each judged: the safety
-// verdict of `inspect`, `verify` and the rewriting commands (docs/safety.md).
+// What a pickle would import and call when torch.load unpickles it, judged: the safety
+// verdict of `inspect`, `verify`, the rewriting commands and ckptool.load (docs/safety.md).
 //
-// Every global gets one verdict from the names in global_lists.h and from how the pickle uses
-// it (REDUCE, NEWOBJ, NEWOBJ_EX, INST and OBJ call; BUILD, APPEND and SETITEM call methods of
-// the object they apply to, so they are judged with that object's class):
+// The judgement itself is torch/value_kinds.h: every value gets a kind, and every call,
+// BUILD, APPEND and SETITEM is accepted only when it fits a declared data constructor
+// (torch/signatures.h). This file turns that into what the commands report: each imported
+// name once with a verdict, and the findings in the order torch.load meets them.
+//
+// Verdicts of a name:
 //   kUnsafe        on the deny list: dangerous to import or call at all. A finding.
 //   kWeightsOnly   on torch's weights_only allowlist.
 //   kAllowed       on ckptool's reviewed allowlist of data constructors.
-//   kCalls         called with arguments, or as a function, and on neither list: it runs
-//                  code that the file picks when loaded. A finding ("calls X"), unless the
-//                  user trusts its module (--trust).
-//   kReconstructed a class whose instances are made without calling it (NEWOBJ with no
-//                  arguments, copyreg._reconstructor(cls, object, ...)) and then given their
-//                  state (BUILD): its __new__/__setstate__ run, but the file chooses no
-//                  function to run. A note (dataclasses, argparse.Namespace, nn.Modules).
+//   kTrusted       the user trusts its module (--trust).
+//   kCalls         called, and on no list: it runs code the file picks. A finding.
+//   kReconstructed a class on no list instantiated without a call (NEWOBJ with no
+//                  arguments, copyreg's helpers): its __setstate__ runs. A finding.
 //   kReferenced    imported and only stored or passed along, never called. A note.
-// Calling anything the pickle computed (what a call returned, a dict entry...) rather than
-// an imported global is a finding too: that is how gadget chains such as
-// operator.getitem(builtins.__dict__, 'eval') reach a function no import names.
-//
-// Attribute reads. Since Python 3.11 an Enum member pickles as getattr(EnumClass, 'NAME'):
-// GLOBAL '__builtin__ getattr', GLOBAL 'module Class', a string, TUPLE2, REDUCE, with the
-// getattr global memoised and fetched again (BINGET) for the next member. Such a call is
-// judged as the attribute path Class.NAME, not as a use of getattr, when it is provably
-// nothing more than a read:
-//   - its arguments are exactly (an imported global G, a constant non-empty str S), built
-//     by REDUCE, without keyword arguments;
-//   - that getattr global is used nowhere else in the graph (not stored in a container, an
-//     argument or an object state, not called in any other form);
-//   - what it returned is never called and never the target of BUILD/APPEND/SETITEM.
-// Then G.S is unsafe when G is, when S is a dunder or private name ("__..."), and when
-// G.S reaches an unsafe module or function (getattr(os.path, 'join'),
-// getattr(torch.serialization, 'load')); otherwise it is a reference. Any other use of
-// getattr keeps it an unsafe import.
+// Every call the kinds refuse is a finding too, whatever the names: a callable passed where
+// only data may go, a computed callable, BUILD twice or with a dunder key, a getattr that is
+// not an Enum member read.
 #pragma once
 
 #include <span>
@@ -42,6 +27,7 @@
 
 #include "pickle/graph.h"
 #include "torch/global_lists.h"
+#include "torch/trust.h"
 
 namespace ckpt::torch {
 
@@ -73,17 +59,12 @@ struct ImportedName {
   Verdict verdict = Verdict::kReferenced;
 };
 
-// Module globs the user trusts (--trust, `trust = [...]` in ckptool.toml): "mypkg" trusts
-// mypkg and its submodules, "mypkg.*" likewise, "mypkg.models.Config" one name. Trust never
-// lifts a deny-list verdict.
-struct Trust {
-  std::vector<std::string> patterns;
-  bool Covers(std::string_view global) const;  // "module.name"
-};
-
 struct PickleScan {
   std::vector<ImportedName> names;      // sorted by name, each once
   std::vector<UnsafeFinding> findings;  // in node order (the order torch.load meets them)
+  // Per node: a call accepted as the data constructor it calls (with what was applied to
+  // it), a global that may be imported; every other node 1. What ckptool.load may build.
+  std::vector<uint8_t> accepted;
 };
 
 // Everything in `graph` that imports or reads a name, judged.

@@ -37,9 +37,9 @@ def run(*args, expect=0, cwd=None):
     return p
 
 
-def inspect(path):
-    """The single file report of `ckptool inspect --json path`."""
-    doc = json.loads(run("inspect", "--json", path).stdout)
+def inspect(path, *flags):
+    """The single file report of `ckptool inspect --json path` (with `flags`, e.g. --trust M)."""
+    doc = json.loads(run("inspect", "--json", path, *flags).stdout)
     assert len(doc["files"]) == 1, doc
     return doc["files"][0]
 

@@ -6,7 +6,10 @@ the object; FORMATS.md section 3), so the magic number is a text LONG for N=1, L
 PROTO 2/3, and sits in a FRAME after PROTO 4/5; the object pickle uses protocol 4's
 STACK_GLOBAL/MEMOIZE/SHORT_BINUNICODE for N >= 4 and copyreg._reconstructor for plain objects
 at N=1. Every command reads them all; rewrites come out in the zip format and load equal to
-the original, enum members included (`getattr` reads, as Python >= 3.11 writes them)."""
+the original, enum members included (`getattr` reads, as Python >= 3.11 writes them). The
+object holds a dataclass and a plain object of the test's own module, rebuilt without a call
+(their __setstate__ would run): a finding unless the module is trusted, so the commands are
+given --trust ckpt_enums."""
 import os
 import shutil
 
@@ -17,6 +20,7 @@ from py311_fixtures import (Color, Mode, Perm, PlainState, RunConfig, assert_mem
                             enum_members, enum_read_names)
 
 PROTOCOLS = (1, 2, 3, 4, 5)
+TRUST = ("--trust", "ckpt_enums")
 MAGIC_LONG1 = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
@@ -74,7 +78,11 @@ class LegacyProtocolsTest(CkptTestCase):
                 original = read_bytes(src)
                 loaded = torch.load(src)
 
-                report = inspect(src)
+                untrusted = inspect(src)
+                self.assertEqual(sorted(c["what"].split(" without")[0] for c in untrusted["unsafe_calls"]),
+                                 ["makes ckpt_enums.PlainState", "makes ckpt_enums.RunConfig"])
+                self.assertIn("--trust ckpt_enums", run("verify", src, expect=1).stdout)
+                report = inspect(src, *TRUST)
                 self.assertEqual(report["format"], "torch-legacy")
                 if n >= 2:
                     self.assertEqual(report["pickle_protocol"], n)
@@ -87,9 +95,9 @@ class LegacyProtocolsTest(CkptTestCase):
                 for name in report["globals"]:
                     self.assertFalse(name.startswith("__builtin__."), name)
                     self.assertNotEqual(name, "builtins.getattr")
-                self.assertIn("ckpt_enums.Color.BLUE (getattr)", run("inspect", src).stdout)
+                self.assertIn("ckpt_enums.Color.BLUE (getattr)", run("inspect", src, *TRUST).stdout)
 
-                out = run("verify", src).stdout
+                out = run("verify", src, *TRUST).stdout
                 self.assertIn(": OK", out)
                 note = [l for l in out.splitlines() if "weights_only=True" in l]
                 self.assertEqual(len(note), 1, out)
@@ -97,20 +105,20 @@ class LegacyProtocolsTest(CkptTestCase):
 
                 p = self.path(f"shrunk{n}.pt")
                 shutil.copy(src, p)
-                run("shrink", p)
-                after = inspect(p)
+                run("shrink", p, *TRUST)
+                after = inspect(p, *TRUST)
                 self.assertEqual(after["format"], "torch-zip")
                 self.assertEqual(after["wasted_bytes"], 0)
                 assert_torch_layout(self, p)
                 self.check_loads(p, obj)
 
                 p = self.path(f"stripped{n}.pt")
-                run("strip", src, "-o", p)
+                run("strip", src, "-o", p, *TRUST)
                 self.assertEqual(inspect(p)["format"], "torch-zip")
                 self.check_loads(p, {k: v for k, v in obj.items() if k != "optimizer"})
 
                 p = self.path(f"bf16_{n}.pt")
-                run("convert", "--dtype", "bf16", "-o", p, src)
+                run("convert", "--dtype", "bf16", "-o", p, src, *TRUST)
                 self.assertEqual(inspect(p)["format"], "torch-zip")
 
                 def as_bf16(path, want, got):

@@ -93,7 +93,12 @@ TEST_P(DcpSeeds, HealthyFolderReadsWhole) {
   for (const auto& p : c.problems) ADD_FAILURE() << p.where << ": " << p.what;
   ASSERT_FALSE(c.tensors.empty());
   for (const Tensor& t : c.tensors) EXPECT_TRUE(t.complete) << t.fqn;
-  EXPECT_TRUE(VerifyDcp(c, 2).problems.empty());
+  // seed-zstd's extra state holds a dataclass and Enums of a project's own module (on no
+  // allowlist: their __setstate__ would run); nothing else may be reported.
+  for (const auto& p : VerifyDcp(c, 2).problems) {
+    if (p.what.find(" ckpt_enums.") == std::string::npos)
+      ADD_FAILURE() << p.where << ": " << p.what;
+  }
   std::map<std::string, std::string> contents = Contents(c);
   for (const Tensor& t : c.tensors)
     EXPECT_EQ(contents[t.fqn].size(), t.numel * torch::ElementSize(t.dtype)) << t.fqn;

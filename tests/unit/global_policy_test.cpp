@@ -206,23 +206,52 @@ std::string Get0() {
 
 // Python 3.11's Enum members (protocol 2, as torch.save writes them): getattr memoised in
 // slot 0, the class in slot 1, and a second member through BINGET.
-const std::string kTwoMembers = Bytes(
-    "\x80\x02]q\x00("
-    "c__builtin__\ngetattr\nq\x01"
-    "cpkg.mod\nStage\nq\x02X\x09\x00\x00\x00GRADIENTS\x86R"
-    "h\x01h\x02X\x07\x00\x00\x00WEIGHTS\x86R"
-    "e.");
+std::map<std::string, std::string> Verdicts(const std::string& pickle, const Trust& trust = {});
+
+std::string TwoMembers(const std::string& module, const std::string& cls, const std::string& a,
+                       const std::string& b) {
+  return std::string("\x80\x02]q\x00(c__builtin__\ngetattr\nq\x01", 29) + "c" + module + "\n" +
+         cls + "\nq\x02" + S(a) + "\x86Rh\x01h\x02" + S(b) + "\x86Re.";
+}
 
 TEST(GlobalPolicy, EnumMembersThroughGetattrAreAttributeReads) {
-  EXPECT_TRUE(FindUnsafe(pickle::Parse(test::B(kTwoMembers)).graph).empty());
-  EXPECT_EQ(NamesOf(kTwoMembers),
-            (std::vector<std::string>{"pkg.mod.Stage", "pkg.mod.Stage.GRADIENTS (getattr)",
-                                      "pkg.mod.Stage.WEIGHTS (getattr)"}));
-  PickleScan scan = ScanPickle(pickle::Parse(test::B(kTwoMembers)).graph);
+  const std::string members =
+      TwoMembers("transformers.trainer_utils", "IntervalStrategy", "STEPS", "EPOCH");
+  EXPECT_TRUE(FindUnsafe(pickle::Parse(test::B(members)).graph).empty());
+  EXPECT_EQ(NamesOf(members), (std::vector<std::string>{
+                                  "transformers.trainer_utils.IntervalStrategy",
+                                  "transformers.trainer_utils.IntervalStrategy.EPOCH (getattr)",
+                                  "transformers.trainer_utils.IntervalStrategy.STEPS (getattr)"}));
+  PickleScan scan = ScanPickle(pickle::Parse(test::B(members)).graph);
   ASSERT_EQ(scan.names.size(), 3u);
-  EXPECT_EQ(scan.names[1].raw, "pkg.mod.Stage.GRADIENTS");
-  EXPECT_TRUE(scan.names[1].getattr);
-  EXPECT_EQ(scan.names[1].cls, GlobalClass::kOther);
+  EXPECT_EQ(scan.names[2].raw, "transformers.trainer_utils.IntervalStrategy.STEPS");
+  EXPECT_TRUE(scan.names[2].getattr);
+  EXPECT_EQ(scan.names[2].verdict, Verdict::kAllowed);
+  // On a class on no list (a project's own Enum) the read is a reference: what it returns is
+  // opaque, never called. getattr(pathlib.Path, 'write_text') is a method: stored, it runs
+  // nothing; given to anything that calls it, it is refused there.
+  const std::string unlisted = TwoMembers("pkg.mod", "Stage", "GRADIENTS", "WEIGHTS");
+  EXPECT_TRUE(Findings(unlisted).empty());
+  EXPECT_EQ(Verdicts(unlisted)["pkg.mod.Stage.GRADIENTS (getattr)"], "referenced");
+  EXPECT_EQ(Verdicts(unlisted, Trust{{"pkg"}})["pkg.mod.Stage.GRADIENTS (getattr)"], "trusted");
+  EXPECT_TRUE(Findings(TwoMembers("pathlib", "Path", "write_text", "mkdir")).empty());
+  const std::string od =
+      "\x80\x02"
+      "ccollections\nOrderedDict\n)R";
+  const std::string write_text =
+      "c__builtin__\ngetattr\ncpathlib\nPath\n" + S("write_text") + "\x86R";
+  EXPECT_EQ(Findings(od + "}" + S("extend") + write_text + "sb."),
+            std::vector<std::string>{
+                "BUILD gives what collections.OrderedDict made a state holding a dict holding "
+                "pathlib.Path.write_text (read through getattr): planted as an attribute, it is "
+                "called by whatever looks that method up"});
+  EXPECT_EQ(Findings("\x80\x02"
+                     "cbuiltins\nsorted\n]" +
+                     write_text + "a\x85R."),
+            std::vector<std::string>{
+                "calls builtins.sorted with a list holding pathlib.Path.write_text (read through "
+                "getattr) as its argument 1, where only data may go: a callable passed as data is "
+                "called by what receives it"});
 }
 
 // Each of these keeps getattr an unsafe import, or makes the read itself unsafe.
@@ -312,7 +341,7 @@ namespace {
 using namespace std::string_literals;
 
 // name -> verdict of every global the pickle names.
-std::map<std::string, std::string> Verdicts(const std::string& pickle, const Trust& trust = {}) {
+std::map<std::string, std::string> Verdicts(const std::string& pickle, const Trust& trust) {
   pickle::Graph g = pickle::Parse(test::B(pickle)).graph;
   std::map<std::string, std::string> out;
   for (const ImportedName& n : ScanPickle(g, trust).names) out[n.name] = VerdictName(n.verdict);
@@ -343,22 +372,41 @@ TEST(CallAllowlist, CallsOfUnlistedNamesAreFindings) {
             "unsafe");
 }
 
-TEST(CallAllowlist, ReconstructionWithoutArgumentsIsANote) {
-  // A dataclass: GLOBAL, EMPTY_TUPLE, NEWOBJ, BUILD with its fields.
+TEST(CallAllowlist, ReconstructionOfUnlistedClassesIsAFinding) {
+  // A dataclass: GLOBAL, EMPTY_TUPLE, NEWOBJ, BUILD with its fields. Its __setstate__ (or a
+  // __setattr__, a property) runs: _DataPipeSerializationWrapper's calls pickle.loads.
   std::string dc =
       "\x80\x02"
       "cpkg\nConfig\n)\x81}X\x01\x00\x00\x00"
       "aK\x01sb."s;
-  EXPECT_TRUE(Findings(dc).empty());
+  EXPECT_EQ(Findings(dc), std::vector<std::string>{
+                              "makes pkg.Config without calling it (NEWOBJ): not on the allowlist, "
+                              "and its __setstate__ runs when loaded"});
   EXPECT_EQ(Verdicts(dc)["pkg.Config"], "reconstructed");
+  EXPECT_TRUE(FindUnsafe(pickle::Parse(test::B(dc)).graph, Trust{{"pkg"}}).empty());
   // Protocol 0/1: copyreg._reconstructor(cls, object, None).
   std::string p1 = "ccopy_reg\n_reconstructor\n(cpkg\nC\nc__builtin__\nobject\nNtR."s;
-  EXPECT_TRUE(Findings(p1).empty());
+  EXPECT_EQ(Findings(p1),
+            std::vector<std::string>{"makes pkg.C without calling it (copyreg._reconstructor): not "
+                                     "on the allowlist, and its __setstate__ runs when loaded"});
   EXPECT_EQ(Verdicts(p1)["pkg.C"], "reconstructed");
   EXPECT_EQ(Verdicts(p1)["copyreg._reconstructor"], "allowed");
-  // ... with another base: base.__new__(cls, state) and base.__init__ run: a call of base.
-  std::string p1b = "ccopy_reg\n_reconstructor\n(cpkg\nC\ncpkg\nBase\nNtR."s;
-  EXPECT_EQ(Findings(p1b), std::vector<std::string>{"calls pkg.Base"});
+  // An allowlisted class is made so: argparse.Namespace, torch.__version__'s TorchVersion.
+  EXPECT_TRUE(
+      Findings("ccopy_reg\n_reconstructor\n(cargparse\nNamespace\nc__builtin__\nobject\nNtR."s)
+          .empty());
+  EXPECT_TRUE(Findings("\x80\x02"
+                       "ccopy_reg\n_reconstructor\nctorch.torch_version\nTorchVersion\n"
+                       "c__builtin__\nstr\nX\x06\x00\x00\x00"
+                       "2.13.0\x87R."s)
+                  .empty());
+  // ... but with another base, base.__new__(cls, state) and base.__init__ run: the base must be
+  // object or a builtin data type.
+  std::string p1b = "ccopy_reg\n_reconstructor\n(cargparse\nNamespace\ncpkg\nBase\nNtR."s;
+  EXPECT_EQ(Findings(p1b), std::vector<std::string>{
+                               "passes pkg.Base to copyreg._reconstructor as its argument 2, where "
+                               "it takes only object or a builtin data type: "
+                               "copyreg._reconstructor would call it"});
   // A name only stored is a reference.
   EXPECT_EQ(Verdicts("\x80\x02"
                      "cpkg\nthing\n\x85."s)["pkg.thing"],
@@ -366,17 +414,41 @@ TEST(CallAllowlist, ReconstructionWithoutArgumentsIsANote) {
 }
 
 TEST(CallAllowlist, AllowedConstructorsThatCallTheirArguments) {
-  // torch._tensor._rebuild_from_type_v2(func, new_type, args, state) calls func.
+  // torch._tensor._rebuild_from_type_v2(func, new_type, args, state) calls func: only a tensor
+  // rebuild function may go there.
   std::string s =
       "\x80\x02"
       "ctorch._tensor\n_rebuild_from_type_v2\n(cpkg\nevil\nctorch\nTensor\n)"
       "}tR."s;
-  EXPECT_EQ(Findings(s), std::vector<std::string>{"calls pkg.evil"});
-  // map(f, xs) calls f when iterated (by list(), say).
+  EXPECT_EQ(Findings(s), std::vector<std::string>{
+                             "passes pkg.evil to torch._tensor._rebuild_from_type_v2 as its "
+                             "argument 1, where it takes only a tensor rebuild function: "
+                             "torch._tensor._rebuild_from_type_v2 would call it"});
+  // ... also when the callable is laundered through an allowed function: max([print]) is
+  // refused where print goes in as data.
+  std::string laundered =
+      "\x80\x02"
+      "ctorch._tensor\n_rebuild_from_type_v2\n(cbuiltins\nmax\n]cbuiltins\nprint\na\x85R"
+      "ctorch\nTensor\n)}tR."s;
+  EXPECT_EQ(Findings(laundered),
+            std::vector<std::string>{"calls builtins.max with a list holding builtins.print "
+                                     "as its argument 1, where only data may go: a "
+                                     "callable passed as data is called by what receives it"});
+  // map(f, xs) calls f when iterated (by list(), say): map is on no list.
   std::string m =
       "\x80\x02"
       "cbuiltins\nlist\ncbuiltins\nmap\ncpkg\nf\n]\x86R\x85R."s;
-  EXPECT_EQ(Findings(m), std::vector<std::string>{"calls pkg.f"});
+  EXPECT_EQ(Findings(m), std::vector<std::string>{"calls builtins.map"});
+  // defaultdict's factory is called for a missing key: a data type only.
+  EXPECT_TRUE(Findings("\x80\x02"
+                       "ccollections\ndefaultdict\ncbuiltins\nlist\n\x85R."s)
+                  .empty());
+  EXPECT_EQ(
+      Findings("\x80\x02"
+               "ccollections\ndefaultdict\ncbuiltins\nprint\n\x85R."s),
+      std::vector<std::string>{
+          "passes builtins.print to collections.defaultdict as its argument 1, where it takes "
+          "only a builtin data type: collections.defaultdict would call it"});
   // Data constructors of the real stacks are allowed.
   for (const char* g :
        {"collections\ndefaultdict\n", "datetime\ndatetime\n", "pathlib\nPosixPath\n",
@@ -389,6 +461,36 @@ TEST(CallAllowlist, AllowedConstructorsThatCallTheirArguments) {
         g + ")R.";
     EXPECT_TRUE(Findings(call).empty()) << g;
   }
+}
+
+TEST(CallAllowlist, BuildPlantsNoMethods) {
+  // OrderedDict() + BUILD {'__setstate__': print} + BUILD 'hi': _pickle.c finds the planted
+  // __setstate__ on the instance and calls print('hi').
+  const std::string od =
+      "\x80\x02"
+      "ccollections\nOrderedDict\n)R";
+  EXPECT_EQ(Findings(od + "}" + S("__setstate__") + "cbuiltins\nprint\nsb" + S("hi") + "b."),
+            std::vector<std::string>{"BUILD twice on what collections.OrderedDict made: the first "
+                                     "state can plant a __setstate__ in the instance that the "
+                                     "second BUILD calls"});
+  // One BUILD planting a callable (APPENDS then calls the planted extend).
+  EXPECT_EQ(Findings(od + "}" + S("extend") + "cbuiltins\nprint\nsb(" + S("x") + "e."),
+            std::vector<std::string>{
+                "BUILD gives what collections.OrderedDict made a state holding a dict holding "
+                "builtins.print: planted as an attribute, it is called by whatever looks that "
+                "method up"});
+  // Data state is fine (state_dict's _metadata), a dunder key is not.
+  EXPECT_TRUE(Findings(od + "}" + S("_metadata") + "}sb.").empty());
+  EXPECT_EQ(Findings(od + "}" + S("__dict__") + "}sb."),
+            std::vector<std::string>{"BUILD sets '__dict__' on what collections.OrderedDict made: "
+                                     "a dunder attribute planted in the instance"});
+  // APPENDS onto what a function returned (not an instance): its append is looked up.
+  EXPECT_EQ(Findings("\x80\x02"
+                     "cbuiltins\nlen\n](K\x01"
+                     "e\x85R(K\x01"
+                     "e."s),
+            std::vector<std::string>{"applies BUILD, APPEND or SETITEM to what builtins.len "
+                                     "returned, which is no instance"});
 }
 
 TEST(CallAllowlist, TrustAcceptsAModuleButNeverTheDenyList) {

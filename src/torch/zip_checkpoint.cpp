@@ -4,10 +4,13 @@
 //   <prefix>/version or <prefix>/.data/version, <prefix>/byteorder,
 //   <prefix>/.data/serialization_id, <prefix>/.format_version, <prefix>/.storage_alignment
 // The prefix is whatever precedes the first '/' in the name of entry 0 (torch's reader
-// does the same), so any top-level folder name is accepted.
+// does the same), so any top-level folder name is accepted. Every record under it is looked up
+// as torch's miniz looks it up (zip::Archive::Find): A-Z case ignored.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
+#include <vector>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -50,6 +53,14 @@ void ReadStorageAlignment(Bytes file, const zip::Entry& e, TorchFile& tf) {
     return;
   }
   tf.storage_alignment = a;
+}
+
+// Does `name` start with `folder`, A-Z folded as miniz folds names?
+bool StartsWithIgnoringCase(std::string_view name, std::string_view folder) {
+  auto fold = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  return name.size() >= folder.size() &&
+         std::equal(folder.begin(), folder.end(), name.begin(),
+                    [&](char x, char y) { return fold(x) == fold(y); });
 }
 
 }  // namespace
@@ -118,8 +129,11 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   if (options.done_with) options.done_with(0, file.size());
   BuildTensorTable(tf.model, /*legacy=*/false);
 
-  // Locate each storage's record.
-  for (Storage& s : tf.model.storages) {
+  // Locate each storage's record. torch's getRecord finds it as Find does, ignoring A-Z case,
+  // so two keys that differ only in case ('a', 'A') would read the same bytes.
+  std::vector<int32_t> storage_of(a.entries().size(), -1);
+  for (size_t k = 0; k < tf.model.storages.size(); ++k) {
+    Storage& s = tf.model.storages[k];
     std::string record = root + "data/" + s.key;
     const zip::Entry* e = a.Find(record);
     if (e == nullptr) {
@@ -127,6 +141,13 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
       continue;
     }
     s.entry = static_cast<int32_t>(e - a.entries().data());
+    if (int32_t other = storage_of[s.entry]; other >= 0) {
+      tf.model.problems.push_back(
+          {e->name, fmt::format("storages '{}' and '{}' both read this record (torch's zip "
+                                "reader ignores letter case in record names)",
+                                tf.model.storages[other].key, s.key)});
+    }
+    storage_of[s.entry] = static_cast<int32_t>(k);
     s.present = true;
     s.data_offset = e->data_offset;
     s.compressed = e->method != zip::Method::kStored;
@@ -138,26 +159,25 @@ TorchFile ReadTorchZip(Bytes file, const ReadOptions& options) {
   }
 
   // Every other record: metadata (version, byteorder...) or orphaned data.
-  for (const zip::Entry& e : a.entries()) {
-    if (&e == pkl) continue;
-    if (e.name.rfind(root + "data/", 0) == 0 &&
-        tf.model.FindStorage(e.name.substr(root.size() + 5)) >= 0) {
-      continue;
-    }
+  for (size_t i = 0; i < a.entries().size(); ++i) {
+    const zip::Entry& e = a.entries()[i];
+    if (&e == pkl || storage_of[i] >= 0) continue;
     tf.records.push_back(e.name);
-    bool orphan = e.name.rfind(root + "data/", 0) == 0;
+    bool orphan = StartsWithIgnoringCase(e.name, root + "data/");
     tf.AddRegion(orphan ? "unreferenced records" : "metadata records", e.compressed_size);
+    // PyTorchStreamReader::getAllRecords (torch >= 2.2, which torch.load calls) compares
+    // the folder with strncmp: exactly.
     if (e.name.rfind(root, 0) != 0) {
       tf.model.problems.push_back({e.name, fmt::format("record is outside the '{}' folder "
                                                        "(torch >= 2.2 refuses such files)",
                                                        root)});
     }
-    if (e.name == root + ".storage_alignment") ReadStorageAlignment(file, e, tf);
-    if (e.name == root + "byteorder") {
-      tf.byteorder = Trimmed(zip::ReadRecord(file, e, 64));
-      if (tf.byteorder != "little" && tf.byteorder != "big") {
-        tf.model.problems.push_back({e.name, fmt::format("unknown byte order '{}'", tf.byteorder)});
-      }
+  }
+  if (const zip::Entry* e = a.Find(root + ".storage_alignment")) ReadStorageAlignment(file, *e, tf);
+  if (const zip::Entry* e = a.Find(root + "byteorder")) {
+    tf.byteorder = Trimmed(zip::ReadRecord(file, *e, 64));
+    if (tf.byteorder != "little" && tf.byteorder != "big") {
+      tf.model.problems.push_back({e->name, fmt::format("unknown byte order '{}'", tf.byteorder)});
     }
   }
   const zip::Entry* version = a.Find(root + ".data/version");

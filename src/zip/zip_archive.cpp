@@ -1,9 +1,50 @@
+// Zip reader for torch checkpoints: the layout is in zip_archive.h. Which bytes torch reads is
+// decided by miniz (pytorch/pytorch third_party/miniz-3.0.2/miniz.c) as caffe2's
+// PyTorchStreamReader (caffe2/serialize/inline_container.cc) drives it; each rule below
+// reads a file as it does, or refuses one where another reading is possible.
+//
+// End record (mz_zip_reader_read_central_dir, mz_zip_reader_locate_header_sig):
+//   - miniz reads the file backwards in 4096-byte windows, the first from max(size-4096, 0),
+//     each scanned from its end, and takes the first PK\x05\x06 it meets at an offset with at
+//     least 22 bytes after it: the LAST signature in the file, whatever its comment length.
+//     ckptool takes that record.
+//   - After a window without one it stops when the window started at offset 0 or 65557
+//     (0xFFFF + 22) bytes or more before the end; else the next window starts 4093 bytes
+//     lower. That step is computed unsigned (cur_file_ofs - (sizeof(buf_u32) - 3)): from a
+//     window starting below offset 4093 the next read is at a huge offset, fails, and miniz
+//     finds no archive. So the search reaches 69584 bytes back on a large file, and fewer
+//     on some small ones (a 5000-byte file is searched from offset 904 only).
+//   - The record's comment must reach exactly to the end of the file (miniz does not look;
+//     torch.save writes no comment and nothing after it): other readers may place it.
+//   - Any other PK\x05\x06 in that tail (or in the last 65557 bytes, where Python's zipfile
+//     looks) that leads to a different central directory which parses (miniz's per-entry
+//     checks: signatures, header lengths within the directory, at least one entry) is
+//     another reading of the file: refused. Signature bytes met by chance in tensor data
+//     lead to no such directory and are not counted.
+//   - A zip64 locator (PK\x06\x07) 20 bytes before the end record switches to the zip64
+//     end record it points to; miniz then ignores the 32-bit fields.
+// Records (mz_zip_reader_locate_file with flags 0, as PyTorchStreamReader::getRecordID calls
+// it; mz_zip_locate_file_binary_search, mz_zip_filename_compare, MZ_TOLOWER):
+//   - miniz finds a record by a binary search over the names sorted with A-Z folded to a-z:
+//     case-insensitive. Find() folds the same way, and two names equal under that folding
+//     (archive/DATA.PKL and archive/data.pkl) are refused: which one miniz finds depends on
+//     its heap sort.
+//   - A NUL byte in a name is refused: torch looks names up with std::string::c_str(), so
+//     the folder it takes from entry 0 would be cut there.
+//   - The record's data starts at local header + 30 + the LOCAL header's name and extra
+//     lengths (mz_zip_reader_extract_to_mem_no_alloc1, getRecordOffset); the local header's
+//     name must be the directory's, byte for byte.
+//   - miniz refuses the archive when a record declares uncompressed bytes but no compressed
+//     ones (decomp_size && !comp_size), or a stored record whose sizes differ.
+
 #include "zip/zip_archive.h"
 
 #include <zlib.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "base/checked.h"
 
@@ -37,21 +78,53 @@ struct EndRecord {
   uint64_t cd_size = 0;
 };
 
-// Finds the last end-of-central-directory record whose comment reaches exactly to the end
-// of the file (a comment may itself contain the signature).
-uint64_t FindEndRecord(Bytes file) {
-  if (file.size() < kEndSize) Fail("not a zip file: only {} bytes", file.size());
-  uint64_t lowest = file.size() > kEndSize + 0xFFFF ? file.size() - kEndSize - 0xFFFF : 0;
-  for (uint64_t pos = file.size() - kEndSize + 1; pos-- > lowest;) {
-    if (LoadLE<uint32_t>(file.data() + pos) != kEndSig) continue;
-    uint16_t comment = LoadLE<uint16_t>(file.data() + pos + 20);
-    if (pos + kEndSize + comment == file.size()) return pos;
+// miniz's mz_zip_reader_locate_header_sig for the end record: where it finds one, or
+// nothing; `searched_from` is the lowest offset it read.
+struct EndSearch {
+  std::optional<uint64_t> found;
+  uint64_t searched_from = 0;
+};
+
+EndSearch LocateEndRecordAsMiniz(Bytes file) {
+  constexpr int64_t kWindow = 4096;
+  const int64_t size = static_cast<int64_t>(file.size());
+  EndSearch out;
+  if (size < static_cast<int64_t>(kEndSize)) return out;
+  int64_t cur = std::max<int64_t>(size - kWindow, 0);
+  for (;;) {
+    int64_t n = std::min<int64_t>(kWindow, size - cur);
+    out.searched_from = static_cast<uint64_t>(cur);
+    for (int64_t i = n - 4; i >= 0; --i) {
+      if (LoadLE<uint32_t>(file.data() + cur + i) == kEndSig &&
+          size - (cur + i) >= static_cast<int64_t>(kEndSize)) {
+        out.found = static_cast<uint64_t>(cur + i);
+        return out;
+      }
+    }
+    if (cur == 0 || size - cur >= 0xFFFF + static_cast<int64_t>(kEndSize)) return out;
+    // MZ_MAX(cur_file_ofs - (sizeof(buf_u32) - 3), 0) is computed unsigned: below 4093 the
+    // next window starts at a wrapped offset and its read fails.
+    if (cur < kWindow - 3) return out;
+    cur -= kWindow - 3;
   }
-  Fail("not a zip file: no end-of-central-directory record");
 }
 
-EndRecord ReadEndRecords(Bytes file) {
-  uint64_t eocd = FindEndRecord(file);
+// Where miniz would search for the end record if it found none (and Python's zipfile, in
+// the last 65557 bytes): an end record anywhere here is one some reader may take.
+uint64_t EndSearchStart(Bytes file) {
+  uint64_t miniz = 0;
+  {
+    constexpr uint64_t kWindow = 4096;
+    const uint64_t size = file.size();
+    uint64_t cur = size > kWindow ? size - kWindow : 0;
+    while (cur != 0 && size - cur < 0xFFFF + kEndSize && cur >= kWindow - 3) cur -= kWindow - 3;
+    miniz = cur;
+  }
+  uint64_t python = file.size() > 0xFFFF + kEndSize ? file.size() - 0xFFFF - kEndSize : 0;
+  return std::min(miniz, python);
+}
+
+EndRecord ReadEndRecords(Bytes file, uint64_t eocd) {
   ByteCursor c(Slice(file, eocd, kEndSize), eocd);
   c.Skip(4);
   uint16_t disk = c.ReadLE<uint16_t>();
@@ -116,6 +189,52 @@ EndRecord ReadEndRecords(Bytes file) {
   return end;
 }
 
+// Would an end record at `at` lead a reader to a central directory other than `chosen`'s,
+// one that holds records? Read as miniz reads an end record (a zip64 locator right before it
+// switches to the zip64 record) and checked as miniz checks a directory: every entry's
+// signature and header lengths inside the directory. Also returns where that directory is.
+// `budget` bounds the entries walked over all the calls: a file can hold thousands of such
+// records, each leading into a long directory that breaks only at its end.
+bool LeadsToOtherDirectory(Bytes file, uint64_t at, const EndRecord& chosen, uint64_t& cd_at,
+                           uint64_t& count, uint64_t& budget) {
+  if (file.size() - at < kEndSize) return false;
+  const uint8_t* p = file.data() + at;
+  count = LoadLE<uint16_t>(p + 10);
+  uint64_t cd_size = LoadLE<uint32_t>(p + 12);
+  cd_at = LoadLE<uint32_t>(p + 16);
+  if (at >= kLocatorSize + kEnd64MinSize && LoadLE<uint32_t>(p - kLocatorSize) == kLocator64Sig) {
+    uint64_t end64 = LoadLE<uint64_t>(p - kLocatorSize + 8);
+    if (end64 > file.size() - kEnd64MinSize) return false;
+    const uint8_t* z = file.data() + end64;
+    if (LoadLE<uint32_t>(z) == kEnd64Sig) {
+      count = LoadLE<uint64_t>(z + 32);
+      cd_size = LoadLE<uint64_t>(z + 40);
+      cd_at = LoadLE<uint64_t>(z + 48);
+    }
+  }
+  if (count == 0 || cd_size / kCentralMinSize < count) return false;
+  if (cd_at > file.size() || cd_size > file.size() - cd_at) return false;
+  if (cd_at == chosen.cd_offset && count == chosen.entry_count) return false;
+  uint64_t pos = cd_at;
+  uint64_t end = cd_at + cd_size;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (end - pos < kCentralMinSize || LoadLE<uint32_t>(file.data() + pos) != kCentralSig) {
+      return false;
+    }
+    if (budget-- == 0) {
+      Fail(
+          "end-of-central-directory signatures before the last one lead into central "
+          "directories too often for ckptool to check that none is another reading of the file");
+    }
+    const uint8_t* h = file.data() + pos;
+    uint64_t total = kCentralMinSize + LoadLE<uint16_t>(h + 28) + LoadLE<uint16_t>(h + 30) +
+                     LoadLE<uint16_t>(h + 32);
+    if (total > end - pos) return false;
+    pos += total;
+  }
+  return true;
+}
+
 // Applies the zip64 extra field (id 1) of a central entry to the fields saturated at 0xFFFFFFFF.
 void ApplyZip64Extra(Bytes extra, Entry& e, bool need_size, bool need_csize, bool need_offset) {
   ByteCursor c(extra);
@@ -160,6 +279,10 @@ Entry ReadCentralEntry(ByteCursor& c) {
   e.compressed_size = csize;
   e.size = size;
   e.header_offset = offset;
+  if (size_t nul = e.name.find('\0'); nul != std::string::npos) {
+    Fail("record '{}\\0...' has a NUL byte in its name: torch looks records up by C string",
+         e.name.substr(0, nul));
+  }
   WithContext(fmt::format("record '{}'", e.name), [&] {
     ApplyZip64Extra(extra, e, size == 0xFFFFFFFF, csize == 0xFFFFFFFF, offset == 0xFFFFFFFF);
     if (e.flags & kFlagEncrypted) Fail("encrypted records are not supported");
@@ -174,6 +297,10 @@ Entry ReadCentralEntry(ByteCursor& c) {
     e.method = static_cast<Method>(method);
     if (e.method == Method::kStored && e.compressed_size != e.size) {
       Fail("stored record has compressed size {} != size {}", e.compressed_size, e.size);
+    }
+    if (e.size != 0 && e.compressed_size == 0) {
+      Fail("record declares {} bytes but no compressed data (torch's miniz refuses the archive)",
+           e.size);
     }
     if (e.name.empty()) Fail("empty record name");
   });
@@ -193,7 +320,11 @@ void ReadLocalHeader(Bytes file, uint64_t limit, Entry& e) {
     c.Skip(2 + 2 + 2 + 2 + 2 + 4 + 4 + 4);
     uint16_t name_len = c.ReadLE<uint16_t>();
     uint16_t extra_len = c.ReadLE<uint16_t>();
-    if (c.ReadText(name_len) != e.name) Fail("local header name differs from the directory");
+    if (std::string_view local = c.ReadText(name_len); local != e.name) {
+      // torch takes the data offset from the local header: the two names must agree.
+      Fail("local header at offset {} names '{}', which differs from the central directory's '{}'",
+           e.header_offset, local, e.name);
+    }
     c.Skip(extra_len);
     e.header_size = kLocalMinSize + name_len;
     e.extra_size = extra_len;
@@ -212,10 +343,68 @@ void ReadLocalHeader(Bytes file, uint64_t limit, Entry& e) {
   });
 }
 
+// miniz's MZ_TOLOWER, which its name lookups and sort apply to every byte: A-Z only.
+bool HasUpper(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return c >= 'A' && c <= 'Z'; });
+}
+
+// `s` with A-Z folded to a-z: `s` itself when it has none, else a copy in `buf`.
+std::string_view Folded(std::string_view s, std::string& buf) {
+  if (!HasUpper(s)) return s;
+  buf.assign(s);
+  for (char& c : buf) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return buf;
+}
+
 }  // namespace
 
 Archive Archive::Parse(Bytes file) {
-  EndRecord end = ReadEndRecords(file);
+  if (file.size() < kEndSize) Fail("not a zip file: only {} bytes", file.size());
+  EndSearch search = LocateEndRecordAsMiniz(file);
+  if (!search.found) {
+    for (uint64_t at = EndSearchStart(file); at + kEndSize <= file.size(); ++at) {
+      if (LoadLE<uint32_t>(file.data() + at) == kEndSig) {
+        Fail(
+            "not a zip file for torch: its end-of-central-directory record (at offset {}) is "
+            "not in the bytes torch's zip reader (miniz) searches for one (from offset {})",
+            at, search.searched_from);
+      }
+    }
+    Fail("not a zip file: no end-of-central-directory record");
+  }
+  uint64_t eocd = *search.found;
+  uint16_t comment = LoadLE<uint16_t>(file.data() + eocd + 20);
+  bool reaches_end = eocd + kEndSize + comment == file.size();
+  // A last record whose comment does not end the file is likely not the one a writer meant.
+  std::string which = fmt::format(
+      "the end-of-central-directory record torch's zip reader takes (the last signature, at "
+      "offset {}, whose {}-byte comment does not end the file)",
+      eocd, comment);
+  EndRecord end = reaches_end ? ReadEndRecords(file, eocd)
+                              : WithContext(which, [&] { return ReadEndRecords(file, eocd); });
+  auto records = [](uint64_t n) { return fmt::format("{} record{}", n, n == 1 ? "" : "s"); };
+  uint64_t budget = 2 * end.entry_count + (1u << 20);
+  for (uint64_t at = EndSearchStart(file); at < eocd; ++at) {
+    uint64_t other_cd = 0;
+    uint64_t other_count = 0;
+    if (LoadLE<uint32_t>(file.data() + at) == kEndSig &&
+        LeadsToOtherDirectory(file, at, end, other_cd, other_count, budget)) {
+      Fail(
+          "two end-of-central-directory records lead to different central directories: torch's "
+          "zip reader (miniz) takes the last one, at offset {} ({} at offset {}); the one at "
+          "offset {} ({} at offset {}) is another reading of the file",
+          eocd, records(end.entry_count), end.cd_offset, at, records(other_count), other_cd);
+    }
+  }
+  if (!reaches_end) {
+    Fail(
+        "the end-of-central-directory record torch's zip reader takes (the last one, at offset "
+        "{}) has a {}-byte comment but {} bytes follow it: other zip readers may take another",
+        eocd, comment, file.size() - eocd - kEndSize);
+  }
+
   Archive a;
   a.cd_offset_ = end.cd_offset;
   a.cd_size_ = end.cd_size;
@@ -227,12 +416,23 @@ Archive Archive::Parse(Bytes file) {
   for (uint64_t i = 0; i < end.entry_count; ++i) {
     a.entries_.push_back(ReadCentralEntry(c));
   }
+  // Indexed under the folded names: a second name that folds to one already there is either
+  // the same name or one miniz cannot tell from it.
   a.by_name_.Reserve(a.entries_.size());
-  auto name_of = [&a](uint32_t i) -> std::string_view { return a.entries_[i].name; };
+  std::string key_buf, name_buf;
+  auto folded_of = [&a, &name_buf](uint32_t i) { return Folded(a.entries_[i].name, name_buf); };
   for (size_t i = 0; i < a.entries_.size(); ++i) {
     Entry& e = a.entries_[i];
-    if (a.by_name_.Insert(e.name, static_cast<uint32_t>(i), name_of) != i)
-      Fail("duplicate record name '{}'", e.name);
+    uint32_t first =
+        a.by_name_.Insert(Folded(e.name, key_buf), static_cast<uint32_t>(i), folded_of);
+    if (first != i) {
+      const std::string& other = a.entries_[first].name;
+      if (other == e.name) Fail("duplicate record name '{}'", e.name);
+      Fail(
+          "records '{}' and '{}' differ only in letter case: torch's zip reader (miniz) looks "
+          "names up ignoring case, and which of the two it finds depends on its sort",
+          other, e.name);
+    }
     ReadLocalHeader(file, end.cd_offset, e);
   }
 
@@ -253,8 +453,11 @@ Archive Archive::Parse(Bytes file) {
 }
 
 const Entry* Archive::Find(std::string_view name) const {
-  uint32_t i =
-      by_name_.Find(name, [this](uint32_t k) -> std::string_view { return entries_[k].name; });
+  // Kept between calls: each lookup folds its name and the names it compares with.
+  thread_local std::string key_buf;
+  thread_local std::string name_buf;
+  uint32_t i = by_name_.Find(Folded(name, key_buf),
+                             [this](uint32_t k) { return Folded(entries_[k].name, name_buf); });
   return i == NameIndex::kNone ? nullptr : &entries_[i];
 }
 

@@ -16,7 +16,9 @@
 //
 // Everything read from the file is checked against the bytes that exist before use:
 // counts against the directory size, records inside the file, no two records overlapping,
-// no record overlapping the directory, names unique.
+// no record overlapping the directory, names unique (ignoring A-Z case, as miniz compares).
+// Which end record, directory and record bytes torch's miniz reads, and what is refused as
+// open to another reading, is set out with its source at the top of zip_archive.cpp.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +58,8 @@ class Archive {
   static Archive Parse(Bytes file);
 
   const std::vector<Entry>& entries() const { return entries_; }
+  // The record miniz's mz_zip_reader_locate_file(name, flags=0) finds: names compared with
+  // A-Z folded to a-z (Parse refuses two names that fold alike).
   const Entry* Find(std::string_view name) const;
 
   // Central directory and end records, for byte accounting.
@@ -66,7 +70,7 @@ class Archive {
 
  private:
   std::vector<Entry> entries_;
-  NameIndex by_name_;  // into entries_
+  NameIndex by_name_;  // into entries_, under the names with A-Z folded to a-z
   uint64_t cd_offset_ = 0;
   uint64_t cd_size_ = 0;
   uint64_t end_offset_ = 0;

@@ -231,6 +231,16 @@ class TensorCollector final : private PathWalker::Client {
     if (name == "_rebuild_tensor" || name == "_rebuild_tensor_v2" || name == "_rebuild_tensor_v3" ||
         name == "_rebuild_qtensor") {
       AddStorageTensor(name, args, node, name == "_rebuild_qtensor" ? "qtensor" : kind);
+      // A per-channel quantizer holds tensors of its own: (qscheme, scales, zero_points, axis)
+      // (torch/_tensor.py _reduce_ex_internal). Their storages are the file's records too.
+      NodeId q = arg(4);
+      if (name == "_rebuild_qtensor" && q != kNil && g_.kind(q) == Kind::kTuple) {
+        const auto& params = g_.items(q);
+        static const char* kParts[] = {"", "scales", "zero_points"};
+        for (size_t i = 1; i < 3 && i < params.size(); ++i) {
+          if (g_.kind(params[i]) == Kind::kObject) Component(params[i], kParts[i], "qtensor");
+        }
+      }
       return true;
     }
     if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") {

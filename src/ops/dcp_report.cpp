@@ -75,7 +75,7 @@ std::vector<std::string> Unsafe(const dcp::Checkpoint& c) {
   for (const dcp::Object& o : c.objects) {
     if (o.item < 0) continue;
     for (const torch::UnsafeFinding& u : c.items[static_cast<size_t>(o.item)].scan.findings)
-      out.push_back(fmt::format("object '{}': the pickle {}", o.fqn, u.what));
+      out.push_back(fmt::format("object '{}': the pickle {}", o.fqn, torch::ExplainFinding(u)));
   }
   return out;
 }

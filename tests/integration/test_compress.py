@@ -194,7 +194,7 @@ class CompressRoundTrip(CkptTestCase):
                         for t in e["tensors"]:  # inside the file, named by fqn
                             self.assertLessEqual(t["end"], e["bytes"])
                             self.assertTrue(t["name"], e["path"])
-                run("verify", folder + ".ckz")
+                run("verify", folder + ".ckz", "--trust", "ckpt_enums")  # the fixtures' own dataclass
 
     def test_not_a_checkpoint_and_incompressible_bytes(self):
         p = self.path("random.bin")

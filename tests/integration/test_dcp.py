@@ -61,6 +61,8 @@ from ckpt_testlib import CKPTOOL, CkptTestCase, read_bytes, read_safetensors, ru
 
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}
 HEALTHY = dcp.standard_cases()
+# Some fixtures' extra state holds a dataclass of the test's own module (dcp_fixtures.py).
+TRUST = ("--trust", "ckpt_enums")
 
 
 def raw(t):
@@ -551,7 +553,19 @@ class DcpCliTest(CkptTestCase):
     def test_verify_passes_every_healthy_variant(self):
         for name, fx in self.cases.items():
             with self.subTest(case=name):
-                run("verify", fx.folder)
+                run("verify", fx.folder, *TRUST)
+
+    def test_objects_of_a_projects_own_classes_need_trust(self):
+        """The extra state of some fixtures holds a dataclass of the test's own module: rebuilt
+        without a call, its __setstate__ would run under torch.load, so verify and strip refuse
+        it until the module is trusted."""
+        fx = self.cases["fsdp_tp_bf16"]
+        p = run("verify", fx.folder, expect=1)
+        self.assertIn("makes ckpt_enums.RunConfig without calling it", output(p))
+        self.assertIn("--trust ckpt_enums", output(p))
+        out = self.path("untrusted_strip")
+        self.assertIn("refusing to copy it", output(run("strip", fx.folder, "-o", out, expect=1)))
+        self.assertFalse(os.path.exists(out))
 
     def assert_verify_names(self, folder, *needles):
         p = run("verify", folder, expect=None)
@@ -703,14 +717,14 @@ class DcpCliTest(CkptTestCase):
         for md, _ in dcp.read_metadata(out):  # the restricted unpickler reads it: nothing new in it
             self.assertFalse([k for k in md.state_dict_metadata if not kept(k)])
             self.assertFalse([k for k in md.storage_data if not kept(k.fqn)])
-        run("verify", out)
+        run("verify", out, *TRUST)
 
     def test_strip_to_a_new_folder(self):
         for name in ("fsdp_tp_bf16", "zstd", "legacy_shard_113", "megatron", "per_rank_metadata"):
             with self.subTest(case=name):
                 fx = self.cases[name]
                 out = self.path(f"{name}_stripped")
-                run("strip", fx.folder, "-o", out)
+                run("strip", fx.folder, "-o", out, *TRUST)
                 self.assert_strip(fx.folder, out)
                 total = lambda d: sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d))  # noqa: E731
                 self.assertLess(total(out), total(fx.folder))
@@ -721,10 +735,10 @@ class DcpCliTest(CkptTestCase):
 
     def test_strip_in_place_and_keep(self):
         fx, d = copy_case(self, "fsdp_tp_bf16", self.path("inplace"))
-        run("strip", d)
+        run("strip", d, *TRUST)
         self.assert_strip(fx.folder, d)
         out = self.path("keep_steps")
-        run("strip", fx.folder, "-o", out, "--keep", "optim.state.*.step")
+        run("strip", fx.folder, "-o", out, "--keep", "optim.state.*.step", *TRUST)
         self.assert_strip(fx.folder, out, keep_glob="optim.state.*.step")
         kept = [k for k in dcp.reference_assemble(out) if k.startswith("optim.")]
         self.assertTrue(kept and all(k.endswith(".step") for k in kept))

@@ -41,7 +41,7 @@ std::string JoinNames(const std::vector<std::string>& names, size_t max = 3) {
 
 ConvertResult ConvertTorch(CheckpointFile& f, const std::string& output, const ConvertOptions& o,
                            ConvertResult r) {
-  CheckRewritable(f, o.allow_unsafe_globals, o.trust);
+  CheckRewritable(f, o.allow_unsafe_globals, o.trust, o.threads);
   const torch::Model& m = f.torch->model;
   ShrinkPlan plan = PlanShrink(*f.torch);
   RewritePlan& rp = plan.rewrite;

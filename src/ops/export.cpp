@@ -11,6 +11,7 @@
 #include "base/perf.h"
 #include "ops/logical_export.h"
 #include "ops/opened_checkpoint.h"
+#include "ops/rewritable.h"
 
 namespace ckpt {
 
@@ -152,6 +153,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   {
     PerfTimer timer("open");
     c = OpenedCheckpoint::Open(sources, oo);
+    // Nothing is written from bytes that fail their checksums (ops/rewritable.h).
+    for (const auto& f : c->files()) CheckUndamaged(*f, o.threads);
     // From here on only the tensor tables and the mapped bytes are read: the pickle graphs
     // (most of a model's memory at 10^5 tensors) go before anything else is built.
     c->ReleaseParsed();

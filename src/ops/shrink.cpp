@@ -24,7 +24,7 @@ ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
     r.note = "safetensors files hold no views: nothing to shrink";
     return r;
   }
-  CheckRewritable(f, o.allow_unsafe_globals, o.trust);
+  CheckRewritable(f, o.allow_unsafe_globals, o.trust, o.threads);
   ShrinkPlan plan = PlanShrink(*f.torch, o.materialize);
   if (!plan.changes) {
     r.note = "nothing to drop";

@@ -310,7 +310,7 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
     if (!o.dry_run && r.output != path) CopyFileAtomically(f.map, r.output);
     return r;
   }
-  CheckRewritable(f, o.allow_unsafe_globals, o.trust);
+  CheckRewritable(f, o.allow_unsafe_globals, o.trust, o.threads);
   torch::TorchFile& tf = *f.torch;
   {
     // Storage bytes and every name that reaches them, before; what went is credited to the

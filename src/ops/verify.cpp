@@ -16,7 +16,9 @@ namespace {
 // (Crc32OfRanges); deflated ones, and stored ones the directory places outside the file, are
 // hashed one by one so that each failure is reported against its record.
 
-void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
+}  // namespace
+
+void CheckRecordCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   const zip::Archive& a = *f.torch->archive;
   Bytes file = f.map.bytes();
   const auto& entries = a.entries();
@@ -68,6 +70,8 @@ void CheckCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out) {
   out.problems.insert(out.problems.end(), errors.begin(), errors.end());
 }
 
+namespace {
+
 // What can run code is a problem (torch::ScanPickle's findings); what only
 // torch.load(weights_only=True) refuses is a note.
 void CheckGlobals(const torch::Model& m, const torch::Trust& trust, VerifyResult& out) {
@@ -93,7 +97,7 @@ VerifyResult Verify(const CheckpointFile& f, unsigned threads, const torch::Trus
   if (f.torch) {
     out.problems = f.torch->model.problems;
     CheckGlobals(f.torch->model, trust, out);
-    if (f.torch->archive) CheckCrcs(f, threads, out);
+    if (f.torch->archive) CheckRecordCrcs(f, threads, out);
   }
   // safetensors structure is fully checked by its reader; reaching here means it passed.
   return out;

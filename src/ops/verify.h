@@ -22,6 +22,10 @@ struct VerifyResult {
 
 VerifyResult Verify(const CheckpointFile& file, unsigned threads, const torch::Trust& trust = {});
 
+// The CRC32 of every record of a torch zip against its directory: a problem per mismatch or
+// unreadable record, with records_checked and bytes_checked counted into `out`.
+void CheckRecordCrcs(const CheckpointFile& f, unsigned threads, VerifyResult& out);
+
 // What verifying one checkpoint (file, folder or archive) found, as `ckptool verify` prints
 // it for every kind: one line per problem ("path: where: what"), else the OK line, then notes.
 struct VerifyOutcome {

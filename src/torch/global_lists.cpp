@@ -244,6 +244,9 @@ constexpr QualName kAllowed[] = {
     {"transformers.training_args_seq2seq", "Seq2SeqTrainingArguments"},
     {"transformers.debug_utils", "DebugOption"}, {"transformers.utils.generic", "PaddingStrategy"},
     {"transformers.utils.generic", "TensorType"}, {"transformers.trainer_pt_utils", "AcceleratorConfig"},
+    // TrainingArguments (training_args.bin) holds accelerate's process state, rebuilt from its
+    // __dict__ (no __setstate__; a Borg whose class code is accelerate's own)
+    {"accelerate.state", "PartialState"}, {"accelerate.state", "AcceleratorState"},
     {"accelerate.utils.dataclasses", "DistributedType"}, {"accelerate.utils.dataclasses", "PrecisionType"},
     {"accelerate.utils.dataclasses", "DynamoBackend"}, {"accelerate.utils.dataclasses", "RNGType"},
     {"lightning.fabric.utilities.data", "AttributeDict"},

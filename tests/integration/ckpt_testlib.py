@@ -59,6 +59,10 @@ def walk_tensors(obj, path="", out=None, seen=None):
     join = lambda part: f"{path}.{part}" if path else str(part)
     if isinstance(obj, torch.Tensor):
         out[path] = obj
+        if obj.is_quantized and obj.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            # The quantizer's own tensors, which the file stores beside the values.
+            out[join("scales")] = obj.q_per_channel_scales()
+            out[join("zero_points")] = obj.q_per_channel_zero_points()
         return out
     if id(obj) in seen:
         return out

@@ -39,7 +39,7 @@ def rss(key):
                 return int(line.split()[1]) * 1024
 if how.startswith("ckptool"):
     import ckptool
-    fn = lambda: ckptool.load(path)
+    fn = lambda: ckptool.load(path, mmap=True)
 elif how == "torch.load(mmap)":
     fn = lambda: torch.load(path, mmap=True, weights_only=True, map_location="cpu")
 elif how == "safetensors":

@@ -89,7 +89,13 @@ class CkptoolCheckpointIO(CheckpointIO):
             path += ".ckz"  # the policy compressed it
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        return load(path, trust=self.trust)
+        # What Lightning's TorchCheckpointIO does for a local file: torch.load with this
+        # weights_only, whose default (None) is torch's, True. The plugin's trust=[...] accepts
+        # your own classes as weights_only=False would, without trusting everything.
+        if weights_only is None and not self.trust:
+            weights_only = True
+        return load(path, map_location=map_location, weights_only=weights_only,
+                    trust=self.trust)
 
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)

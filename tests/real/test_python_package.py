@@ -344,6 +344,67 @@ AUDIT = textwrap.dedent("""
     """)
 
 
+class LoadAsTorchLoad(TempDirTest):
+    """ckptool.load takes torch.load's arguments with their meaning (map_location, weights_only,
+    mmap; pickle_module only as None), and its default copies as torch.load does, so a
+    checkpoint can be loaded, edited and saved back to the same path."""
+
+    def test_map_location_and_weights_only_as_torch_load(self):
+        path = self.path("ck.pt")
+        torch.save(training_state(), path)
+        want = torch.load(path, map_location="cpu", weights_only=True)
+        for kwargs in ({"map_location": "cpu", "weights_only": True},
+                       {"map_location": torch.device("cpu")}, {"map_location": {"cpu": "cpu"}},
+                       {"weights_only": False}, {}):
+            with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
+                got = ckptool.load(path, **kwargs)
+                assert_same_object(self, want, got)
+        seen = []
+        got = ckptool.load(path, lambda storage, location: seen.append(location) or storage)
+        assert_same_object(self, want, got)
+        self.assertTrue(seen and set(seen) == {"cpu"}, seen)
+        with self.assertRaises(TypeError):
+            ckptool.load(path, pickle_module=pickle)
+        with self.assertRaises(TypeError):
+            ckptool.load(path, dtpye="bf16")
+
+    def test_weights_only_refuses_what_torch_refuses(self):
+        path = self.path("cfg.pt")
+        torch.save({"w": torch.ones(2), "cfg": RunConfig(lr=0.5, name="run")}, path)
+        with self.assertRaises(Exception):  # torch's own refusal: the parity this mirrors
+            torch.load(path, weights_only=True)
+        with self.assertRaises(ckptool.CheckpointError) as e:
+            ckptool.load(path, weights_only=True)
+        self.assertIn("weights_only=True", str(e.exception))
+        self.assertIn(f"{__name__}.", str(e.exception))
+        # weights_only=False: the user trusts the file, as with torch.load: the dataclass itself.
+        got = ckptool.load(path, weights_only=False)
+        self.assertIsInstance(got["cfg"], RunConfig)
+        self.assertEqual(got["cfg"], torch.load(path, weights_only=False)["cfg"])
+        # The default: an inert record, nothing of the file's choosing called.
+        self.assertIsInstance(ckptool.load(path)["cfg"], ckptool.Pickled)
+
+    def test_load_edit_save_to_the_same_path(self):
+        for name, make in (("ck.pt", lambda p: torch.save(training_state(), p)),
+                           ("legacy.pt", lambda p: torch.save(training_state(), p,
+                                                              _use_new_zipfile_serialization=False))):
+            with self.subTest(file=name):
+                path = self.path(name)
+                make(path)
+                sd = ckptool.load(path)
+                sd["epoch"] = 8
+                sd["model"]["0.weight"].add_(1.0)
+                torch.save(sd, path)  # truncates the very file load read
+                back = torch.load(path, weights_only=True)
+                self.assertEqual(back["epoch"], 8)
+                self.assertTrue(torch.equal(back["model"]["0.weight"], sd["model"]["0.weight"]))
+        # mmap=True maps copy-on-write, as torch.load(mmap=True) does.
+        path = self.path("mapped.pt")
+        torch.save({"w": torch.arange(4096.0)}, path)
+        mapped = ckptool.load(path, mmap=True)
+        self.assertTrue(torch.equal(mapped["w"], torch.arange(4096.0)))
+
+
 class HostilePickles(TempDirTest):
     """load() and open() of the scanners' malicious payloads and the FRAME cases: nothing is imported,
     executed or started (a Python audit hook watches), and the marker file never appears."""

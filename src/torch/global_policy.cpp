@@ -14,15 +14,10 @@ namespace ckpt::torch {
 
 namespace {
 
-using pickle::Construct;
 using pickle::Graph;
 using pickle::Kind;
 using pickle::kNil;
 using pickle::NodeId;
-
-bool IsEmptyTuple(const Graph& g, NodeId id) {
-  return id != kNil && g.kind(id) == Kind::kTuple && g.items(id).empty();
-}
 
 std::string Display(const Graph& g, NodeId global) {
   return DisplayGlobal(g.global_module(global), g.global_name(global));
@@ -170,9 +165,7 @@ std::string DescribeEffects(const Graph& graph, size_t max_items) {
       say("calls an object the pickle computed (UNSAFE)");
       continue;
     }
-    const pickle::Compound& c = graph.compound(id);
-    bool rebuilds = (c.construct == Construct::kNewObj || c.construct == Construct::kNewObjEx) &&
-                    IsEmptyTuple(graph, c.args);
+    bool rebuilds = MakesWithoutCall(graph, id);
     Verdict v = VerdictOf(graph, k, callable);
     const char* tag = "";
     if (v == Verdict::kUnsafe) {

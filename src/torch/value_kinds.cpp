@@ -88,6 +88,12 @@ std::string Ordinal(size_t i) {
 
 }  // namespace
 
+bool MakesWithoutCall(const Graph& g, NodeId call) {
+  const pickle::Compound& c = g.compound(call);
+  return (c.construct == Construct::kNewObj || c.construct == Construct::kNewObjEx) &&
+         (c.args == kNil || IsEmptyTuple(g, c.args)) && IsEmptyDictOrNil(g, c.kwargs);
+}
+
 ValueKinds::ValueKinds(const Graph& g, const Trust& trust)
     : g_(g),
       trust_(trust),
@@ -438,10 +444,9 @@ std::string ValueKinds::JudgeCall(NodeId id) {
   }
   bool listed = info.listed;
   bool trusted = !listed && trust_reaches_[fn];
-  bool no_args = (c.args == kNil || IsEmptyTuple(g_, c.args)) && IsEmptyDictOrNil(g_, c.kwargs);
   bool newobj = c.construct == Construct::kNewObj || c.construct == Construct::kNewObjEx;
   if (!listed && !trusted) {
-    if (newobj && no_args) {
+    if (MakesWithoutCall(g_, id)) {
       use_[fn] |= kRebuilt;
       return fmt::format(
           "makes {} without calling it (NEWOBJ): not on the allowlist, and its __setstate__ runs "

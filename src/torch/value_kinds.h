@@ -52,6 +52,10 @@ struct Refusal {
                        // accept); else empty
 };
 
+// Does the call make an instance without calling its class (NEWOBJ or NEWOBJ_EX with no
+// arguments)? Such a class's __new__ and __setstate__ run, not code the file chose to call.
+bool MakesWithoutCall(const pickle::Graph& g, pickle::NodeId call);
+
 class ValueKinds {
  public:
   ValueKinds(const pickle::Graph& g, const Trust& trust);

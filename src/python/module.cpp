@@ -40,4 +40,5 @@ PYBIND11_MODULE(_core, m) {
   ckpt::python::BindCheckpoint(m);
   ckpt::python::BindLoad(m);
   ckpt::python::BindRun(m);
+  ckpt::python::BindVerdict(m);
 }

@@ -212,13 +212,17 @@ void ValueKinds::InitLeaves() {
         k = kVInstance;  // until judged
         break;
       case Kind::kPersId: {
-        // torch's persistent_load: ('storage', type, key, location, numel) is a storage; the
-        // legacy ('module', class, ...) gives back the class.
-        NodeId pid = g_.compound(id).args;
-        bool storage = pid != kNil && g_.kind(pid) == Kind::kTuple && !g_.items(pid).empty() &&
-                       g_.kind(g_.items(pid)[0]) == Kind::kStr &&
-                       g_.text(g_.items(pid)[0]) == "storage";
-        k = storage ? kVStorage : kVOpaque;
+        // torch's persistent_load reads ('storage', type, key, location, numel[, view]) and
+        // takes type.dtype: anything but a storage type there has an attribute read on it
+        // (a module's __getattr__, a descriptor) whether or not the storage is used. The
+        // legacy ('module', class, source_file, source) runs inspect.getsource on the class.
+        if (std::string why = JudgePersistentId(id); !why.empty()) {
+          k = kVOpaque;
+          refused_[id] = 1;
+          refusals_.push_back({id, std::move(why), ""});
+        } else {
+          k = kVStorage;
+        }
         break;
       }
       case Kind::kGlobal: {
@@ -253,6 +257,36 @@ void ValueKinds::InitLeaves() {
       work_.push_back(id);
     }
   }
+}
+
+std::string ValueKinds::JudgePersistentId(NodeId id) {
+  NodeId pid = g_.compound(id).args;
+  if (pid == kNil || g_.kind(pid) != Kind::kTuple || g_.items(pid).empty() ||
+      g_.kind(g_.items(pid)[0]) != Kind::kStr) {
+    return "gives torch's persistent_load an id that is no ('storage', ...) tuple";
+  }
+  auto items = g_.items(pid);
+  std::string_view type = g_.text(items[0]);
+  if (type != "storage") {
+    return fmt::format(
+        "gives torch's persistent_load a '{}' id: torch reads the class it names (the legacy "
+        "'module' id runs inspect.getsource on it)",
+        type);
+  }
+  auto is = [&](size_t i, Kind k) { return i < items.size() && g_.kind(items[i]) == k; };
+  bool storage_type = is(1, Kind::kGlobal) && IsAllowedConstant(Info(items[1]).name);
+  if (!storage_type) {
+    return fmt::format(
+        "gives torch's persistent_load {} as the storage type: torch reads its .dtype",
+        items.size() > 1 ? WhatIs(items[1]) : std::string("nothing"));
+  }
+  bool numel = is(4, Kind::kInt) || is(4, Kind::kBigInt);
+  bool view =
+      items.size() == 5 || (items.size() == 6 && (is(5, Kind::kNone) || is(5, Kind::kTuple)));
+  if (!is(2, Kind::kStr) || !is(3, Kind::kStr) || !numel || !view) {
+    return "gives torch's persistent_load a storage id that is not (type, key, location, numel)";
+  }
+  return "";
 }
 
 void ValueKinds::BuildParents() {

@@ -93,6 +93,7 @@ class ValueKinds {
   void InitLeaves();
   void BuildParents();
   void DecideGetattr();
+  std::string JudgePersistentId(pickle::NodeId id);
   void Spread();
   void MarkImpure(pickle::NodeId id, pickle::NodeId witness);
   // Judges a call and what was applied to it; marks it refused (and impure) with a reason.

@@ -19,6 +19,7 @@ struct ApplyCliOptions {
   PolicyCliOptions p;
   bool dry_run = false;
   bool check = false;
+  std::vector<std::string> hold;
 };
 
 int RunCheck(const ApplyCliOptions& o, const policy::Policy& p) {
@@ -57,6 +58,7 @@ int RunApply(const ApplyCliOptions& o) {
   ao.threads = o.p.threads;
   ao.settle_seconds = SettleSeconds(o.p, *p);
   ao.stop = &graceful.stop();
+  ao.hold = o.hold;
   bool json = o.p.json;
   ao.log = [json, quiet = o.p.quiet](const ApplyEvent& e) {
     if (!quiet || e.kind == "failed") PrintEvent(e, json, false);
@@ -98,6 +100,9 @@ Runner AddApply(CLI::App& app) {
   app.add_flag("--dry-run", o->dry_run,
                "Print the plan and the bytes it would free; change nothing");
   app.add_flag("--check", o->check, "Validate the policy file only; touch nothing");
+  app.add_option("--hold", o->hold,
+                 "A checkpoint (entry name in ROOT) a trainer still needs: kept, no step runs on "
+                 "it this pass (repeatable)");
   app.footer(
       "Runs the policy (ROOT/ckptool.toml or --policy) once over every complete checkpoint "
       "under ROOT: retention as `ckptool prune` plans it, then per checkpoint shrink, convert, "

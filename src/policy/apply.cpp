@@ -243,6 +243,10 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
   // A compressed checkpoint: retention counts and deletes it; no step runs on an archive
   // (decompress it to work on it again).
   if (e.archive) return;
+  if (std::find(o.hold.begin(), o.hold.end(), e.name) != o.hold.end()) {
+    Log({"skip", e.name, "", "held: the trainer still needs it as it is"});
+    return;
+  }
   const Fingerprint* stat = completeness.StatOf(e.name);
   if (!stat) return;
   std::vector<Step> due;
@@ -423,6 +427,15 @@ PassResult Applier::RunPass() {
   if (s.policy.retention) {
     po.keep_every = s.policy.retention->keep_every;
     po.keep = s.policy.retention->keep;
+  }
+  // Held checkpoints are kept, by their exact names (glob characters escaped).
+  for (const std::string& name : s.o.hold) {
+    std::string exact;
+    for (char ch : name) {
+      if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') exact += '\\';
+      exact += ch;
+    }
+    po.keep.push_back(exact);
   }
   PruneResult plan = PlanPrune(s.root, po, [&](const std::string& path, std::string* why) {
     return s.completeness.Complete(path, why);

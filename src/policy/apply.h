@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -55,6 +56,9 @@ struct ApplyOptions {
   bool observe = false;                     // watch: completeness also needs our own observations
   const std::atomic<bool>* stop = nullptr;  // finish the current step, then return
   std::function<void(const ApplyEvent&)> log;
+  // Checkpoints (entry names in ROOT) a trainer still needs, left as they are this pass:
+  // retention keeps them and no step runs on them (HF's best checkpoint until training ends).
+  std::vector<std::string> hold;
 };
 
 struct PassResult {

@@ -132,5 +132,70 @@ class HuggingFaceCallback(TempDirTest):
         self.assertTrue(os.path.exists(os.path.join(with_cb, kept[-1], "optimizer.pt")))
 
 
+    def test_best_checkpoint_is_held_until_training_ends(self):
+        """load_best_model_at_end with a compressing policy: the checkpoint trainer_state.json
+        names as best is held (kept as it is, no step) while training runs, so the Trainer ends
+        on its weights; once training ends the policy runs over it too."""
+        import real_hf_train as H
+        import ckptool
+        from ckptool.hf import CkptoolCallback
+        parent = self.path("best")
+        out = os.path.join(parent, "run")
+        os.makedirs(out)
+        with open(os.path.join(out, "ckptool.toml"), "w") as f:
+            f.write('layout = "hf-trainer"\n[compress]\nolder_than_newest = 1\n')
+        cwd = os.getcwd()
+        os.chdir(parent)
+        try:
+            tr = H.trainer("run")
+            tr.args.save_total_limit = None
+            tr.args.eval_strategy = "steps"
+            tr.args.eval_steps = H.SAVE_STEPS
+            tr.args.load_best_model_at_end = True
+            tr.args.metric_for_best_model = "eval_loss"
+            tr.args.greater_is_better = True  # the highest loss: the first checkpoint, not the last
+            tr.eval_dataset = H.Tokens()
+            cb = CkptoolCallback()
+            tr.add_callback(cb)
+            tr.train()
+        finally:
+            os.chdir(cwd)
+        best = os.path.basename(tr.state.best_model_checkpoint)
+        self.assertEqual(best, f"checkpoint-{H.SAVE_STEPS}")
+        last = os.path.join(out, f"checkpoint-{H.MAX_STEPS}")
+        # The Trainer ended on the best checkpoint's weights...
+        final = {k: v for k, v in tr.model.state_dict().items()}
+        names = sorted(os.listdir(out))
+        self.assertIn(best + ".ckz", names)  # ...and the policy archived it once training ended
+        saved = ckptool.load(os.path.join(out, best + ".ckz"))
+        for k, v in saved.items():
+            self.assertTrue(torch.equal(final[k], v), k)
+        # (and not on the last one's: the two differ, so the check above can fail)
+        newest = ckptool.load(last)
+        self.assertTrue(any(not torch.equal(final[k], v) for k, v in newest.items()))
+
+
+    def test_missing_policy_is_reported_when_training_starts(self):
+        """CkptoolCallback() with no ckptool.toml in output_dir: an error naming the file before
+        the first step, not a failure at the first save."""
+        import real_hf_train as H
+        from ckptool.hf import CkptoolCallback
+        parent = self.path("nopolicy")
+        os.makedirs(parent)
+        cwd = os.getcwd()
+        os.chdir(parent)
+        try:
+            tr = H.trainer("run")
+            tr.add_callback(CkptoolCallback())
+            with self.assertRaises(FileNotFoundError) as e:
+                tr.train()
+        finally:
+            os.chdir(cwd)
+        self.assertIn(os.path.join("run", "ckptool.toml"), str(e.exception))
+        self.assertEqual(tr.step_losses, [])  # not one step ran
+        self.assertFalse([n for n in os.listdir(os.path.join(parent, "run"))
+                          if n.startswith("checkpoint-")] if os.path.isdir(os.path.join(parent, "run")) else [])
+
+
 if __name__ == "__main__":
     unittest.main()

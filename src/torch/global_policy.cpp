@@ -100,9 +100,7 @@ PickleScan ScanPickle(const Graph& graph, const Trust& trust) {
     }
     std::string path = fmt::format("{}.{}", Display(graph, target), graph.text(attr));
     Verdict v = Verdict::kUnsafe;
-    if (k.is_opaque_read(id)) {
-      v = Verdict::kReferenced;
-    } else if (k.is_attribute_read(id) && k.accepted(id)) {
+    if (k.is_attribute_read(id) && k.accepted(id)) {
       v = IsAllowedEnum(Display(graph, target)) ? Verdict::kAllowed : Verdict::kTrusted;
     }
     add_name({path + " (getattr)", fmt::format("{}.{}", graph.GlobalText(target), graph.text(attr)),

@@ -156,6 +156,11 @@ constexpr std::string_view kEnums[] = {
     "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.planner.WriteItemType",
     "torch.distributed.checkpoint.planner.LoadItemType", "uuid.SafeUUID",
+    "lightning.pytorch.trainer.states.TrainerStatus", "lightning.pytorch.trainer.states.TrainerFn",
+    "lightning.pytorch.trainer.states.RunningStage",
+    "pytorch_lightning.trainer.states.TrainerStatus",
+    "pytorch_lightning.trainer.states.TrainerFn",
+    "pytorch_lightning.trainer.states.RunningStage",
 };
 // clang-format on
 

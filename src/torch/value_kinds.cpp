@@ -391,11 +391,6 @@ std::string ValueKinds::WhatIs(NodeId id) const {
       what = kind_[w] == kVCallable ? Name(w) + " (a callable)" : Name(w);
       break;
     case Kind::kObject: {
-      if (use_[w] & kOpaqueRead) {
-        what =
-            fmt::format("{}.{} (read through getattr)", Name(g_.Arg(w, 0)), g_.text(g_.Arg(w, 1)));
-        break;
-      }
       NodeId maker = g_.CalledGlobal(w);
       what = maker != kNil ? fmt::format("what {} returned", Name(maker)) : "a computed value";
       break;
@@ -438,8 +433,7 @@ std::string ValueKinds::Fits(NodeId arg, const Param& p, const std::string& call
   if (impure_[arg]) {
     NodeId w = witness_[arg];
     // Made impure by a call refused on its own: that refusal names the cause already.
-    if (w != kNil && g_.kind(w) == Kind::kObject && refused_[w] && !(use_[w] & kOpaqueRead))
-      return kSilent;
+    if (w != kNil && g_.kind(w) == Kind::kObject && refused_[w]) return kSilent;
     return fmt::format(
         "calls {} with {} as its {}, where only data may go: a callable passed as data is "
         "called by what receives it",
@@ -610,19 +604,14 @@ std::string ValueKinds::JudgeAttributeRead(NodeId id) {
       IsUnsafeModulePath(a) || ClassifyGlobal(Name(target), a) == GlobalClass::kUnsafe) {
     return fmt::format("reads {} (getattr)", path);
   }
-  use_[id] |= kAttributeRead;
+  // Only an allowlisted Enum's (or a trusted module's class's) members are read: on anything
+  // else the lookup itself runs code the file aims (a module's __getattr__, a metaclass's, a
+  // descriptor's __get__), and what it returns may be a method (pathlib.Path.write_text). The
+  // semantic oracle found getattr(torch._tensor._C, 'read'): torch._C is a module.
   if (!IsAllowedEnum(Name(target)) && !trust_reaches_[target]) {
-    // A read of a class on no list: a member of the project's own Enum, or a method
-    // (getattr(pathlib.Path, 'write_text')). Either way nothing is called here; what it returns
-    // is opaque, so it may be stored but never reaches a call, a BUILD or a callable position.
-    // ckptool.load leaves it an inert record.
-    use_[id] |= kOpaqueRead;
-    refused_[id] = 1;
-    kind_[id] = kVOpaque;
-    impure_[id] = 0;
-    MarkImpure(id, id);
-    return "";
+    return fmt::format("reads {} (getattr)\n{}", path, Name(target));
   }
+  use_[id] |= kAttributeRead;
   kind_[id] = kVConst;
   return "";
 }

@@ -21,12 +21,11 @@
 //              plants (an `extend`, a `keys`) cannot be called.
 //   APPEND(S), ADDITEMS, SETITEM(S) on an object call its extend/append/add/__setitem__:
 //              accepted only on an instance of an accepted class.
-//   getattr    (Python >= 3.11 Enum members: getattr(Class, 'NAME')) with a public name: on an
-//              allowlisted Enum class (or a trusted one) the result is a constant; on any
-//              other class it is opaque (a method, perhaps), which may be stored but never
-//              reaches a call, a BUILD state or a callable position. On a denied global, with a
-//              private or dunder name, or in any other form, refused (getattr is an unsafe
-//              import).
+//   getattr    (Python >= 3.11 Enum members: getattr(Class, 'NAME')) accepted only on an
+//              allowlisted Enum class (or a trusted module's class) with a public name; the
+//              result is a constant. The lookup itself runs the target's code (a module's
+//              __getattr__, a descriptor), so any other target is refused, and any other form
+//              of getattr is an unsafe import.
 //
 // Impurity spreads up through containers and into the calls that receive it until nothing
 // changes (a worklist over the reverse edges): linear in the graph.
@@ -75,8 +74,6 @@ class ValueKinds {
   bool reads_only(pickle::NodeId global) const { return use_[global] & kReadsOnly; }
   // For a call getattr(G, 'S') accepted as an attribute read: G (else kNil).
   bool is_attribute_read(pickle::NodeId call) const { return use_[call] & kAttributeRead; }
-  // ... of a class on no list: an opaque value, a reference.
-  bool is_opaque_read(pickle::NodeId call) const { return use_[call] & kOpaqueRead; }
 
   // In node order.
   const std::vector<Refusal>& refusals() const { return refusals_; }
@@ -88,7 +85,6 @@ class ValueKinds {
     kTrustedUse = 4,
     kReadsOnly = 8,
     kAttributeRead = 16,
-    kOpaqueRead = 32,  // an attribute read of a class on no list: an opaque value
   };
   void InitLeaves();
   void BuildParents();

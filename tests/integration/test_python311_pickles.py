@@ -1,9 +1,12 @@
 """Issue 12: checkpoints written under Python >= 3.11 carry enum members as
 `getattr(EnumClass, 'NAME')` calls (GLOBAL __builtin__ getattr, the class, the name, TUPLE2,
 REDUCE; later members reuse the memoised getattr with BINGET). Such a call is an attribute
-read, not code execution: inspect names it `pkg.mod.Class.NAME (getattr)`, verify passes with
-a note that torch.load(weights_only=True) refuses the file, and every rewriting command keeps
-the members (torch.load returns the very same objects). Any other use of getattr is still
+read: inspect names it `pkg.mod.Class.NAME (getattr)`. On an allowlisted Enum (DeepSpeed's,
+transformers') it passes as it is; the lookup on any other class runs that class's code (a
+module's __getattr__, a descriptor), so a project's own Enums (the test doubles' ckpt_enums,
+lit_project) are read once their module is trusted: then verify passes with a note that
+torch.load(weights_only=True) refuses the file, and every rewriting command keeps the members
+(torch.load returns the very same objects). Any other use of getattr is still
 flagged and refused, as the payloads at the end show (each checked to be live under torch.load
 where it does something observable).
 
@@ -26,7 +29,7 @@ from py311_fixtures import (GETATTR, G, X, Access, Color, Kind, Mode, Perm, Plai
 WEIGHTS_ONLY_NOTE = "not on torch's weights_only allowlist"
 # Perm(0) pickles as a call of the test's own Flag class with a value: a call of a class on no
 # allowlist, which the user accepts by trusting the module.
-TRUST = ("--trust", "ckpt_enums")
+TRUST = ("--trust", "ckpt_enums", "--trust", "lit_project")
 
 
 def globals_section(text):
@@ -56,7 +59,7 @@ def bf16_check(test, converts=lambda path: True):
 
 
 class EnumCase(CkptTestCase):
-    def assertAcceptedAttributeReads(self, p, obj, extra_refused=(), trust=()):
+    def assertAcceptedAttributeReads(self, p, obj, extra_refused=(), trust=TRUST):
         """inspect lists every member read as an off-allowlist `(getattr)` row and never the raw
         getattr; nothing is unsafe; verify passes with a weights_only note naming the classes."""
         report = json.loads(run("inspect", "--json", p, *trust).stdout)["files"][0]
@@ -142,11 +145,15 @@ class PicklesAsPython311WritesThem(EnumCase):
             trust=TRUST)
         self.assertReportMatchesTorch(report, torch.load(p))
         # Without the trust, the one call of a class (Perm(0)) is a finding, and so are the
-        # dataclass and the plain object rebuilt from their state (their __setstate__ runs);
-        # the member reads are not.
+        # dataclass and the plain object rebuilt from their state (their __setstate__ runs) and
+        # every member read of the project's own Enums.
         untrusted = inspect(p)
-        self.assertEqual([c["what"].split(" without")[0] for c in untrusted["unsafe_calls"]],
+        whats = [c["what"].split(" without")[0] for c in untrusted["unsafe_calls"]]
+        self.assertEqual([w for w in whats if not w.startswith("reads ")],
                          ["calls ckpt_enums.Perm", "makes ckpt_enums.RunConfig", "makes ckpt_enums.PlainState"])
+        reads = [w for w in whats if w.startswith("reads ")]
+        self.assertTrue(reads)
+        self.assertTrue(all(w.startswith("reads ckpt_enums.") and w.endswith(" (getattr)") for w in reads), reads)
         verdicts = {d["name"]: d["verdict"] for d in untrusted["globals_detail"]}
         self.assertEqual(verdicts["ckpt_enums.Perm"], "calls")
         self.assertEqual(verdicts["ckpt_enums.RunConfig"], "reconstructed")
@@ -183,17 +190,18 @@ class PicklesAsPython311WritesThem(EnumCase):
                 obj = {"w": torch.arange(64.0)[8:40], "value": value}
                 p = self.path("one.pt")
                 torch.save(obj, p)
-                trust = ()
+                trust = TRUST
+                if enum_read_names(obj):
+                    # A project's own Enum: read once its module is trusted.
+                    self.assertIn("(getattr)", run("verify", p, expect=1).stdout)
                 if place.startswith("Flag(0)"):
                     self.assertIn("calls ckpt_enums.Perm when loaded", run("verify", p, expect=1).stdout)
-                    self.assertIn("--trust MODULE", run("shrink", p, expect=1).stderr)
-                    trust = TRUST
+                    self.assertIn("--trust", run("shrink", p, expect=1).stderr)
                 if place in ("dataclass state (NEWOBJ + BUILD)", "plain object state"):
                     # A class of the project's own rebuilt without a call: its __setstate__ runs.
                     self.assertIn("without calling it", run("verify", p, expect=1).stdout)
                     self.assertIn("--trust ckpt_enums", run("verify", p, expect=1).stdout)
                     run("shrink", p, expect=1)
-                    trust = TRUST
                 if enum_read_names(obj):
                     self.assertAcceptedAttributeReads(p, obj, trust=trust)
                 else:
@@ -350,15 +358,15 @@ class RealStacks(EnumCase):
         self.assertAcceptedAttributeReads(p, obj, extra_refused=["lit_project.config.Activation",
                                                                  "pathlib.PosixPath"])
         q = self.path("stripped.ckpt")
-        r = json.loads(run("strip", "--json", "-o", q, p).stdout)
+        r = json.loads(run("strip", "--json", "-o", q, p, *TRUST).stdout)
         self.assertEqual(sorted(d["path"] for d in r["files"][0]["dropped"]), ["lr_schedulers", "optimizer_states"])
         expected = {k: v for k, v in obj.items() if k not in ("optimizer_states", "lr_schedulers")}
         got = self.assertLoadsIdentical(q, expected)
         self.assertEqual(got["hyper_parameters"]["data_dir"], obj["hyper_parameters"]["data_dir"])
         q = self.path("bf16.ckpt")
-        run("convert", "--dtype", "bf16", "-o", q, p)
+        run("convert", "--dtype", "bf16", "-o", q, p, *TRUST)
         self.assertLoadsIdentical(q, obj, tensor_check=bf16_check(self, lambda path: path.startswith("<root>.state_dict.")))
-        run("shrink", p)
+        run("shrink", p, *TRUST)
         self.assertLoadsIdentical(p, obj)
         out = self.path("export")
         run("export", p, "--to", out)
@@ -461,12 +469,12 @@ class HostileGetattr(CkptTestCase):
         }.items():
             with self.subTest(value=name):
                 p = self.make("ok.pt", value)
-                report = inspect(p)
+                report = inspect(p, *TRUST)
                 self.assertEqual(report["unsafe_globals"], [], report["globals"])
                 self.assertEqual(report["unsafe_calls"], [])
-                out = run("verify", p).stdout
+                out = run("verify", p, *TRUST).stdout
                 self.assertIn("weights_only=True", out)
-                run("shrink", p)
+                run("shrink", p, *TRUST)
                 self.assertIsInstance(torch.load(p)["payload"], (enum.Enum, tuple))
 
     def test_hostile_forms_are_flagged_and_refused(self):

@@ -227,31 +227,18 @@ TEST(GlobalPolicy, EnumMembersThroughGetattrAreAttributeReads) {
   EXPECT_EQ(scan.names[2].raw, "transformers.trainer_utils.IntervalStrategy.STEPS");
   EXPECT_TRUE(scan.names[2].getattr);
   EXPECT_EQ(scan.names[2].verdict, Verdict::kAllowed);
-  // On a class on no list (a project's own Enum) the read is a reference: what it returns is
-  // opaque, never called. getattr(pathlib.Path, 'write_text') is a method: stored, it runs
-  // nothing; given to anything that calls it, it is refused there.
+  // getattr reads members of allowlisted Enums only: on any other target the lookup runs its
+  // code (a module's __getattr__) and can return a method (getattr(pathlib.Path, 'write_text')).
   const std::string unlisted = TwoMembers("pkg.mod", "Stage", "GRADIENTS", "WEIGHTS");
-  EXPECT_TRUE(Findings(unlisted).empty());
-  EXPECT_EQ(Verdicts(unlisted)["pkg.mod.Stage.GRADIENTS (getattr)"], "referenced");
+  EXPECT_EQ(Findings(unlisted),
+            (std::vector<std::string>{"reads pkg.mod.Stage.GRADIENTS (getattr)",
+                                      "reads pkg.mod.Stage.WEIGHTS (getattr)"}));
+  EXPECT_EQ(Findings(TwoMembers("pathlib", "Path", "write_text", "mkdir")),
+            (std::vector<std::string>{"reads pathlib.Path.write_text (getattr)",
+                                      "reads pathlib.Path.mkdir (getattr)"}));
+  // ... unless the user trusts the Enum's module.
+  EXPECT_TRUE(FindUnsafe(pickle::Parse(test::B(unlisted)).graph, Trust{{"pkg"}}).empty());
   EXPECT_EQ(Verdicts(unlisted, Trust{{"pkg"}})["pkg.mod.Stage.GRADIENTS (getattr)"], "trusted");
-  EXPECT_TRUE(Findings(TwoMembers("pathlib", "Path", "write_text", "mkdir")).empty());
-  const std::string od =
-      "\x80\x02"
-      "ccollections\nOrderedDict\n)R";
-  const std::string write_text =
-      "c__builtin__\ngetattr\ncpathlib\nPath\n" + S("write_text") + "\x86R";
-  EXPECT_EQ(Findings(od + "}" + S("extend") + write_text + "sb."),
-            std::vector<std::string>{
-                "BUILD gives what collections.OrderedDict made a state holding a dict holding "
-                "pathlib.Path.write_text (read through getattr): planted as an attribute, it is "
-                "called by whatever looks that method up"});
-  EXPECT_EQ(Findings("\x80\x02"
-                     "cbuiltins\nsorted\n]" +
-                     write_text + "a\x85R."),
-            std::vector<std::string>{
-                "calls builtins.sorted with a list holding pathlib.Path.write_text (read through "
-                "getattr) as its argument 1, where only data may go: a callable passed as data is "
-                "called by what receives it"});
 }
 
 // Each of these keeps getattr an unsafe import, or makes the read itself unsafe.
@@ -306,11 +293,11 @@ TEST(GlobalPolicy, GetattrBeyondAPlainReadStaysAFinding) {
       {"the memo reused on a dunder after a member",
        p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cpkg\nC\n" +
            S("__class__") + "\x86Rl.",
-       {"reads pkg.C.__class__ (getattr)"}},
+       {"reads pkg.C.attr (getattr)", "reads pkg.C.__class__ (getattr)"}},
       {"the memo reused on a denied target after a member",
        p2 + "(" + g + Put0() + "cpkg\nC\n" + S("attr") + "\x86R" + Get0() + "cposix\nsystem\n" +
            S("attr") + "\x86Rl.",
-       {"imports posix.system", "reads posix.system.attr (getattr)"}},
+       {"reads pkg.C.attr (getattr)", "imports posix.system", "reads posix.system.attr (getattr)"}},
       {"NEWOBJ instead of REDUCE",
        p2 + g + "cpkg\nC\n" + S("attr") + "\x86\x81.",
        {"imports builtins.getattr"}},

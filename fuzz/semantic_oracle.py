@@ -236,6 +236,17 @@ def _audit(event, args):
         st.phase = saved
 
 
+def _in_literal_eval():
+    """Is the compile being audited ast.literal_eval's parse (mode 'eval', a constant
+    expression only)?"""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "literal_eval" and f.f_code.co_filename.endswith("ast.py"):
+            return True
+        f = f.f_back
+    return False
+
+
 def _judge_event(st, phase, event, args):
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None, None))[:3]
@@ -252,6 +263,8 @@ def _judge_event(st, phase, event, args):
         return  # a module being imported (torch and numpy import lazily)
     if event == "compile" and len(args) > 1 and _module_file(args[1]):
         return
+    if event == "compile" and _in_literal_eval():
+        return  # ast.literal_eval (numpy parses a dtype's "(2,3)i4" shape with it): no code
     if event == "object.__setattr__" and len(args) > 1 and args[1] == "__class__":
         return  # class switches are judged by what class results (check_class)
     if event in _IMPORT_EVENTS and _in_import():

@@ -15,6 +15,7 @@
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "io/folders.h"
 #include "io/parallel.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
@@ -76,8 +77,10 @@ int RunConvert(ConvertCliOptions o) {
     for (const PathPair& j : *jobs)
       dirs.insert(std::filesystem::path(j.output).parent_path().string());
   }
+  // Folders this run makes go again if it ends (fails, is interrupted) with nothing in them.
+  CreatedFolders made;
   for (const std::string& d : dirs) {
-    if (!d.empty() && !co.dry_run) std::filesystem::create_directories(d);
+    if (!co.dry_run) made.Create(d, d);
   }
   std::vector<std::string> inputs;
   for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);

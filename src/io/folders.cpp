@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "io/temp_files.h"
 
 namespace ckpt {
 
@@ -30,6 +31,30 @@ void CreateFolders(const std::string& dir, const std::string& for_path) {
   if (ec.value() == ENOSPC || ec.value() == EDQUOT)
     Fail("{}: cannot create the folder {}: no space left on device", for_path, dir);
   Fail("{}: cannot create the folder {}: {}", for_path, dir, std::strerror(ec.value()));
+}
+
+void CreatedFolders::Create(const std::string& dir, const std::string& for_path) {
+  if (dir.empty()) return;
+  // The folders that do not exist yet, outermost first.
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal();
+       !p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path(); p = p.parent_path())
+    missing.insert(missing.begin(), p.string());
+  CreateFolders(dir, for_path);
+  for (std::string& m : missing) {
+    int slot = RegisterCreatedFolder(m);
+    made_.emplace_back(std::move(m), slot);
+  }
+}
+
+CreatedFolders::~CreatedFolders() {
+  for (size_t i = made_.size(); i-- > 0;) {
+    UnregisterTempFile(made_[i].second);
+    std::error_code ec;
+    if (std::filesystem::is_empty(made_[i].first, ec) && !ec)
+      std::filesystem::remove(made_[i].first, ec);
+  }
 }
 
 TempFolder::TempFolder(TempFolder&& other) noexcept

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ckpt {
 
@@ -14,6 +15,22 @@ void SyncFolder(const std::string& path);
 // Creates `dir` and the folders above it, as `mkdir -p` does, for the output `for_path`.
 // Throws ckpt::Error("<for_path>: cannot create the folder <dir>: <reason>").
 void CreateFolders(const std::string& dir, const std::string& for_path);
+
+// Output folders a command creates (`mkdir -p`): each folder that did not exist is removed
+// again if it is still empty when the command ends, fails or is interrupted (SIGINT, SIGTERM,
+// SIGHUP: io/temp_files.h), so a run that wrote nothing leaves no empty folder behind.
+class CreatedFolders {
+ public:
+  CreatedFolders() = default;
+  CreatedFolders(const CreatedFolders&) = delete;
+  CreatedFolders& operator=(const CreatedFolders&) = delete;
+  ~CreatedFolders();
+  // CreateFolders(dir, for_path), remembering what it made.
+  void Create(const std::string& dir, const std::string& for_path);
+
+ private:
+  std::vector<std::pair<std::string, int>> made_;  // path, interrupt slot; outermost first
+};
 
 // Removes a temp folder (and what is in it) on the way out unless `keep` was set.
 struct TempFolder {

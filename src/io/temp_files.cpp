@@ -16,7 +16,7 @@ namespace {
 constexpr size_t kSlots = 256;
 constexpr size_t kPathMax = 4096;
 
-enum SlotState : int { kFree = 0, kWriting = 1, kUsed = 2 };
+enum SlotState : int { kFree = 0, kWriting = 1, kUsed = 2, kFolder = 3 };
 
 struct Slot {
   std::atomic<int> state{kFree};
@@ -33,6 +33,11 @@ std::atomic<bool> g_wrote{false};  // an output was started: something may have 
 void RemoveAll() {
   for (Slot& s : g_slots) {
     if (s.state.load() == kUsed) ::unlink(s.path);
+  }
+  // Folders were registered outermost first: remove them innermost first (rmdir fails, as it
+  // should, on one that holds anything).
+  for (size_t i = kSlots; i-- > 0;) {
+    if (g_slots[i].state.load() == kFolder) ::rmdir(g_slots[i].path);
   }
 }
 
@@ -110,6 +115,19 @@ int RegisterTempFile(const std::string& path) {
     if (!s.state.compare_exchange_strong(expected, kWriting)) continue;
     std::memcpy(s.path, path.c_str(), path.size() + 1);
     s.state.store(kUsed);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int RegisterCreatedFolder(const std::string& path) {
+  if (path.size() >= kPathMax) return -1;
+  for (size_t i = 0; i < kSlots; ++i) {
+    int expected = kFree;
+    Slot& s = g_slots[i];
+    if (!s.state.compare_exchange_strong(expected, kWriting)) continue;
+    std::memcpy(s.path, path.c_str(), path.size() + 1);
+    s.state.store(kFolder);
     return static_cast<int>(i);
   }
   return -1;

@@ -28,6 +28,9 @@ void NoteChanging();
 // Returns a slot id, or -1 when all slots are in use (the file is then not auto-removed).
 int RegisterTempFile(const std::string& path);
 void UnregisterTempFile(int slot);
+// A folder this run created: at an interrupt it is removed (rmdir) if it is empty once the
+// temp files are gone, innermost first. Unregister it as a file.
+int RegisterCreatedFolder(const std::string& path);
 
 // A fresh temp path next to `final_path`.
 std::string TempPathFor(const std::string& final_path);

@@ -77,6 +77,36 @@ class CrashSafetyTest(CkptTestCase):
             self.assert_original_or_replaced()
             self.assertEqual(sorted(os.listdir(self.tmp)), ["model.pt"])
 
+    def test_interrupted_or_failed_convert_leaves_no_empty_folder(self):
+        """convert --output-dir NEW/SUB makes the folders it needs; a run that ends with
+        nothing written in them (interrupted, or refused) removes them again."""
+        interrupted = 0
+        for n, (sig, delay) in enumerate([(signal.SIGINT, 0.01), (signal.SIGTERM, 0.01),
+                                          (signal.SIGINT, 0.003), (signal.SIGTERM, 0.003)]):
+            top = self.path(f"converted_{n}")
+            out = os.path.join(top, "sub")
+            p = subprocess.Popen([CKPTOOL, "convert", "--dtype", "bf16", "--output-dir", out,
+                                  self.ckpt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            p.send_signal(sig)
+            rc = p.wait()
+            self.assertIn(rc, (0, -sig))
+            if rc == 0:  # finished first: the output is there, whole
+                self.assertEqual(os.listdir(out), ["model.pt"])
+            else:
+                interrupted += 1
+                self.assertFalse(os.path.exists(top), os.listdir(self.tmp))
+        self.assertGreater(interrupted, 0, "no signal landed mid-run")
+        # Refused (a damaged input): no folder either.
+        bad = self.path("bad.pt")
+        with open(bad, "wb") as f:
+            f.write(self.original[:len(self.original) // 2])
+        out = os.path.join(self.path("refused"), "sub")
+        r = subprocess.run([CKPTOOL, "convert", "--dtype", "bf16", "--output-dir", out, bad],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertFalse(os.path.exists(self.path("refused")))
+
     def test_input_truncated_while_being_read_is_a_clear_error(self):
         import shutil
         big = self.path("big.pt")

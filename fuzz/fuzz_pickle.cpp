@@ -1,5 +1,5 @@
-// Fuzz target: the pickle parser, the writer with a round trip as the oracle, then the tensor
-// walker over what the parser built.
+// Fuzz target: the pickle parser, the safety verdict (torch/value_kinds.h) over what it built,
+// the writer with a round trip as the oracle, then the tensor walker.
 //
 // Oracle: whatever graph the parser accepts, the writer either refuses (a ckpt::Error: a
 // value the protocol cannot hold, nesting too deep...) or writes a pickle that parses back to
@@ -17,6 +17,7 @@
 #include "pickle/graph_digest.h"
 #include "pickle/parser.h"
 #include "pickle/writer.h"
+#include "torch/global_policy.h"
 #include "torch/model.h"
 
 namespace {
@@ -64,6 +65,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const ckpt::Error&) {
     return 0;
   }
+  // The verdict runs on every graph the parser builds (cycles, shared nodes, any shape): it
+  // must never crash, and what it accepts must be what it says.
+  ckpt::torch::PickleScan scan = ckpt::torch::ScanPickle(m.graph);
+  if (scan.accepted.size() != m.graph.nodes.size()) std::abort();
+  (void)ckpt::torch::DescribeEffects(m.graph);
   // The protocol torch writes, and the newest (which every value kind fits).
   RoundTrip(m.graph, 2);
   RoundTrip(m.graph, 5);

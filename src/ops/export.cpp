@@ -9,6 +9,8 @@
 #include "base/human.h"
 #include "base/names.h"
 #include "base/perf.h"
+#include "io/file_copy.h"
+#include "io/mapped_file.h"
 #include "ops/logical_export.h"
 #include "ops/opened_checkpoint.h"
 #include "ops/rewritable.h"
@@ -18,6 +20,44 @@ namespace ckpt {
 namespace fs = std::filesystem;
 
 namespace {
+
+// What from_pretrained, pipelines and converters (llama.cpp's convert_hf_to_gguf.py) read
+// beside the weights of a Hugging Face model folder.
+constexpr std::string_view kModelFolderCompanions[] = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+};
+
+// An export into a folder from checkpoint folders (a Trainer's checkpoint-N, a model folder)
+// takes their config and tokenizer files along, into the folder being written (it is put in
+// place whole with the weights). The first source holding a name wins.
+void CopyCompanions(const std::vector<std::string>& sources, const std::string& to,
+                    ExportResult& r) {
+  std::error_code ec;
+  for (std::string_view name : kModelFolderCompanions) {
+    fs::path dest = fs::path(to) / name;
+    for (const std::string& s : sources) {
+      fs::path src = fs::path(s) / name;
+      if (!fs::is_directory(s, ec) || !fs::is_regular_file(src, ec)) continue;
+      CopyFileAtomically(MappedFile::Open(src.string()), dest.string());
+      r.files.push_back(dest.string());
+      break;
+    }
+  }
+}
 
 bool UnderPrefix(std::string_view name, const std::string& prefix) {
   return prefix.empty() || IsBelowKeyPath(name, prefix);
@@ -176,6 +216,11 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     Fail("{}", what);
   }
   r.selected = std::move(selected);
+  // Weights written into a folder (not one .safetensors or torch file): the model folder's
+  // other files come along. An MPI job's ranks share the folder; its weights alone are
+  // written there.
+  bool folder = !r.files.empty() && fs::path(r.files[0]).parent_path() == fs::path(to);
+  if (folder && !o.dry_run && o.team == nullptr) CopyCompanions(sources, to, r);
   // What was read, as the user named it (a ZeRO or DCP folder: its reader's description).
   if (c->kind() == "zero" || c->kind() == "dcp") {
     r.source = m.description;

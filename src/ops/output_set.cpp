@@ -114,6 +114,7 @@ std::vector<std::string> OutputPlace::Commit(const std::vector<std::string>& wri
       std::string name = e.path().filename().string();
       if (IsModelSetFile(name) || IsTempFileName(name)) continue;
       fs::path into = fs::path(temp_.path) / name;
+      if (fs::exists(fs::symlink_status(into, ec))) continue;  // written anew (a config)
       if (e.is_regular_file(ec) && !e.is_symlink(ec)) {
         fs::create_hard_link(e.path(), into, ec);
         if (ec) fs::copy_file(e.path(), into);

@@ -67,6 +67,27 @@ class HFTrainerTest(TempDirTest):
         shutil.copytree(self.run_dir, dst, symlinks=True)
         return dst
 
+    def test_export_of_a_checkpoint_folder_is_a_model_folder(self):
+        """export checkpoint-N -o DIR takes config.json and generation_config.json (and any
+        tokenizer files) along: from_pretrained(DIR) loads the same model, and an existing
+        config in DIR is replaced by the checkpoint's."""
+        out = self.path("hf")
+        run("export", self.ck9, "-o", out)
+        names = sorted(os.listdir(out))
+        self.assertIn("config.json", names)
+        for n in ("config.json", "generation_config.json"):
+            if os.path.exists(os.path.join(self.ck9, n)):
+                with open(os.path.join(self.ck9, n), "rb") as a, open(os.path.join(out, n), "rb") as b:
+                    self.assertEqual(a.read(), b.read(), n)
+        want, _ = model_weights(self.ck9)
+        got, _ = model_weights(out)
+        assert_same_object(self, want, got, "from_pretrained of the export")
+        with open(os.path.join(out, "config.json"), "w") as f:
+            f.write("{}")
+        run("export", self.ck6, "-o", out, "--force")
+        with open(os.path.join(self.ck6, "config.json"), "rb") as a, open(os.path.join(out, "config.json"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
     # -- the premise -------------------------------------------------------------------------
 
     def test_resume_from_original_is_bit_exact(self):
@@ -398,7 +419,10 @@ class HFTrainerTest(TempDirTest):
         with open(os.path.join(out, "model.safetensors.index.json")) as f:
             index = json.load(f)
         self.assertEqual(sorted(set(index["weight_map"].values())), shards)
-        self.assertEqual(second, sorted(shards + ["config.json", "model.safetensors.index.json"]))
+        # The checkpoint's config files come along with the weights (export's model folder).
+        companions = [n for n in ("config.json", "generation_config.json")
+                      if os.path.exists(os.path.join(self.ck6, n))]
+        self.assertEqual(second, sorted(shards + companions + ["model.safetensors.index.json"]))
         self.assertNotEqual(len(shards), len([f for f in first if f.endswith(".safetensors")]))
         got, _ = model_weights(out)
         want, _ = model_weights(self.ck6)

@@ -105,8 +105,11 @@ void NoteChanging() {
   g_wrote.store(true);
 }
 
-int RegisterTempFile(const std::string& path) {
-  g_wrote.store(true);
+namespace {
+
+// Claims a free slot for `path` and publishes it to the signal handler in `state`; -1 when
+// the path is too long or every slot is in use.
+int ClaimSlot(const std::string& path, SlotState state) {
   if (path.size() >= kPathMax) return -1;
   for (size_t i = 0; i < kSlots; ++i) {
     int expected = kFree;
@@ -114,23 +117,21 @@ int RegisterTempFile(const std::string& path) {
     // Claim the slot, then write the path, then publish it to the signal handler.
     if (!s.state.compare_exchange_strong(expected, kWriting)) continue;
     std::memcpy(s.path, path.c_str(), path.size() + 1);
-    s.state.store(kUsed);
+    s.state.store(state);
     return static_cast<int>(i);
   }
   return -1;
 }
 
+}  // namespace
+
+int RegisterTempFile(const std::string& path) {
+  g_wrote.store(true);
+  return ClaimSlot(path, kUsed);
+}
+
 int RegisterCreatedFolder(const std::string& path) {
-  if (path.size() >= kPathMax) return -1;
-  for (size_t i = 0; i < kSlots; ++i) {
-    int expected = kFree;
-    Slot& s = g_slots[i];
-    if (!s.state.compare_exchange_strong(expected, kWriting)) continue;
-    std::memcpy(s.path, path.c_str(), path.size() + 1);
-    s.state.store(kFolder);
-    return static_cast<int>(i);
-  }
-  return -1;
+  return ClaimSlot(path, kFolder);
 }
 
 void UnregisterTempFile(int slot) {

@@ -101,8 +101,7 @@ ValueKinds::ValueKinds(const Graph& g, const Trust& trust)
       impure_(g.nodes.size()),
       refused_(g.nodes.size()),
       use_(g.nodes.size()),
-      witness_(g.nodes.size(), kNil),
-      trust_reaches_(g.nodes.size()) {
+      witness_(g.nodes.size(), kNil) {
   InitLeaves();
   BuildParents();
   DecideGetattr();
@@ -241,7 +240,6 @@ void ValueKinds::InitLeaves() {
           k = IsAllowedConstant(display) ? kVConst : kVCallable;
         } else if (trust_.Reaches(module, name)) {
           k = kVCallable;
-          trust_reaches_[id] = 1;
           use_[id] |= kTrustedUse;
         } else {
           k = kVOpaque;
@@ -415,7 +413,7 @@ std::string ValueKinds::Fits(NodeId arg, const Param& p, const std::string& call
         p.callables == CallableSet::kClasses || p.callables == CallableSet::kTensorClasses;
     if (kind_[arg] == kVCallable) {
       if (InCallableSet(p.callables, name)) return "";
-      if (trust_reaches_[arg] && class_set) return "";
+      if (trusted(arg) && class_set) return "";
     }
     if (p.callables == CallableSet::kClasses && !Info(arg).listed &&
         Info(arg).cls != GlobalClass::kUnsafe) {
@@ -471,7 +469,7 @@ std::string ValueKinds::JudgeCall(NodeId id) {
     return "";
   }
   bool listed = info.listed;
-  bool trusted = !listed && trust_reaches_[fn];
+  bool trusted = !listed && this->trusted(fn);
   bool newobj = c.construct == Construct::kNewObj || c.construct == Construct::kNewObjEx;
   if (!listed && !trusted) {
     if (MakesWithoutCall(g_, id)) {
@@ -608,7 +606,7 @@ std::string ValueKinds::JudgeAttributeRead(NodeId id) {
   // else the lookup itself runs code the file aims (a module's __getattr__, a metaclass's, a
   // descriptor's __get__), and what it returns may be a method (pathlib.Path.write_text). The
   // semantic oracle found getattr(torch._tensor._C, 'read'): torch._C is a module.
-  if (!IsAllowedEnum(Name(target)) && !trust_reaches_[target]) {
+  if (!IsAllowedEnum(Name(target)) && !trusted(target)) {
     return fmt::format("reads {} (getattr)\n{}", path, Name(target));
   }
   use_[id] |= kAttributeRead;

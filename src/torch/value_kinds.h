@@ -118,7 +118,6 @@ class ValueKinds {
   std::vector<uint8_t> refused_;
   std::vector<uint8_t> use_;
   std::vector<pickle::NodeId> witness_;  // the callable, opaque or refused node within
-  std::vector<uint8_t> trust_reaches_;   // globals: trust reaches it
   // Reverse edges (compressed): the parents of node i are parents_[first_[i] .. first_[i+1]).
   std::vector<uint32_t> first_;
   std::vector<pickle::NodeId> parents_;

@@ -61,25 +61,26 @@ int RunApply(const ApplyCliOptions& o) {
   ao.hold = o.hold;
   bool json = o.p.json;
   ao.log = [json, quiet = o.p.quiet](const ApplyEvent& e) {
-    if (!quiet || e.kind == "failed") PrintEvent(e, json, false);
+    if (!quiet || e.kind == "failed" || e.kind == "damaged") PrintEvent(e, json, false);
   };
   Applier applier(o.p.root, *p, ao);
   PassResult r = applier.RunPass();
   std::string verb = o.dry_run ? "would free" : "freed";
   if (json) {
-    nlohmann::ordered_json j = {{"event", "summary"},           {"dry_run", o.dry_run},
-                                {"steps", r.steps_run},         {"deleted", r.deleted},
-                                {"failed", r.failures},         {"waiting", r.waiting},
-                                {"bytes_freed", r.bytes_freed}, {"stopped", r.stopped}};
+    nlohmann::ordered_json j = {
+        {"event", "summary"},   {"dry_run", o.dry_run},         {"steps", r.steps_run},
+        {"deleted", r.deleted}, {"failed", r.failures},         {"waiting", r.waiting},
+        {"damaged", r.damaged}, {"bytes_freed", r.bytes_freed}, {"stopped", r.stopped}};
     std::cout << j.dump() << std::endl;
   } else if (!o.p.quiet || r.failures) {
     std::cout << fmt::format(
-        "{}{} {}, {} {}, {} waiting, {} failed; {} {}{}\n",
+        "{}{} {}, {} {}, {} waiting, {} failed{}; {} {}{}\n",
         o.dry_run    ? "Dry run: "
         : r.failures ? "Finished with failures: "
                      : "Done: ",
         Count(r.steps_run, "step"), o.dry_run ? "planned" : "run", Count(r.deleted, "checkpoint"),
-        o.dry_run ? "to delete" : "deleted", r.waiting, r.failures, verb, HumanBytes(r.bytes_freed),
+        o.dry_run ? "to delete" : "deleted", r.waiting, r.failures,
+        r.damaged ? fmt::format(" ({} damaged)", r.damaged) : "", verb, HumanBytes(r.bytes_freed),
         r.stopped ? " (stopped by a signal before the end: run again to finish)" : "");
     if (r.not_confirmed) {
       std::cout << fmt::format(
@@ -108,7 +109,9 @@ Runner AddApply(CLI::App& app) {
       "under ROOT: retention as `ckptool prune` plans it, then per checkpoint shrink, convert, "
       "export, verify, and strip / compress once it is older than the newest N. Each step "
       "runs once per checkpoint (ROOT/.ckptool/state.json records it); a second run does "
-      "nothing and an interrupted one resumes. Exit 1 when a step failed.");
+      "nothing and an interrupted one resumes. A checkpoint that fails verify is reported, kept, "
+      "not counted by retention, and no step runs on it. Exit 1 when a step failed or a "
+      "checkpoint is damaged.");
   return [o] { return RunApply(*o); };
 }
 

@@ -47,5 +47,7 @@ void PrintJson(const nlohmann::ordered_json& doc);
 
 // Prints "ckptool: error: <message>" to stderr.
 void PrintError(const std::string& message);
+// Prints "ckptool: warning: <message>" to stderr.
+void PrintWarning(const std::string& message);
 
 }  // namespace ckpt::cli

@@ -32,6 +32,7 @@ struct CompressCliOptions {
   bool force = false;
   bool remove_input = false;
   bool dry_run = false;
+  bool allow_damaged = false;
   unsigned threads = DefaultThreads();
   std::string level = "fast";
   bool json = false;
@@ -131,6 +132,7 @@ int RunCompress(const CompressCliOptions& o) {
   co.force = o.force;
   co.remove_input = o.remove_input;
   co.dry_run = o.dry_run;
+  co.allow_damaged = o.allow_damaged;
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const std::string& p : o.paths) {
@@ -265,6 +267,9 @@ Runner AddCompress(CLI::App& app) {
                  "zstd -19 on every chunk, the smallest kept (slow)")
       ->check(CLI::IsMember({"fast", "max"}))
       ->capture_default_str();
+  app.add_flag("--allow-damaged", o->allow_damaged,
+               "Archive a checkpoint that fails verify, its damage kept as it is (otherwise "
+               "refused)");
   return [o] { return RunCompress(*o); };
 }
 

@@ -19,6 +19,7 @@
 #include "io/parallel.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
+#include "ops/integrity.h"
 #include "ops/result_json.h"
 #include "ops/training_state.h"
 
@@ -71,6 +72,13 @@ int RunConvert(ConvertCliOptions o) {
     }
     PrintError(why.empty() ? "no checkpoints to convert" : "no checkpoints to convert: " + why);
     return 1;
+  }
+  // A folder is converted whole or not at all: a damaged file in it would leave a model folder
+  // with a shard missing (its own rewrite refuses it; the files beside it are checked here).
+  if (!co.dry_run) {
+    for (const std::string& p : o.paths) {
+      if (std::filesystem::is_directory(p)) RefuseDamaged(p, o.threads, "nothing converted");
+    }
   }
   std::set<std::string> dirs;
   for (const auto* jobs : {&tree.checkpoints, &tree.copies, &tree.indexes}) {

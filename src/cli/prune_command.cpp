@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +27,12 @@ struct PruneCliOptions {
 
 int RunPrune(PruneCliOptions o) {
   PruneResult r = Prune(o.root, o.p);
+  // A damaged checkpoint is kept and not counted; said on stderr whatever the output form.
+  for (const PruneEntry& e : r.entries) {
+    if (e.damaged)
+      PrintWarning(
+          fmt::format("{}: {}", (std::filesystem::path(o.root) / e.name).string(), e.reason));
+  }
   if (o.json) {
     nlohmann::ordered_json j = {{"root", o.root},
                                 {"dry_run", !o.p.yes},
@@ -37,6 +45,7 @@ int RunPrune(PruneCliOptions o) {
                               {"bytes", e.bytes},
                               {"keep", e.keep},
                               {"complete", e.complete},
+                              {"damaged", e.damaged},
                               {"reason", e.reason},
                               {"archive", e.archive},
                               {"also", e.also},
@@ -77,7 +86,7 @@ Runner AddPrune(CLI::App& app) {
       ->excludes(yes);
   app.add_flag("--json", o->json, "Print a JSON report");
   app.add_flag("-q,--quiet", o->quiet, "Print only errors");
-  app.add_option("-j,--threads", o->p.threads, "Threads for --strip-older")
+  app.add_option("-j,--threads", o->p.threads, "Threads for verifying and --strip-older")
       ->default_val(DefaultThreads());
   return [o] { return RunPrune(*o); };
 }

@@ -63,6 +63,11 @@ void PrintError(const std::string& message) {
   std::fprintf(stderr, "ckptool: error: %s\n", Printable(message).c_str());
 }
 
+void PrintWarning(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "ckptool: warning: %s\n", Printable(message).c_str());
+}
+
 }  // namespace ckpt::cli
 
 namespace ckpt::cli {

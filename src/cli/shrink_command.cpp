@@ -17,6 +17,7 @@
 #include "file/checkpoint_file.h"
 #include "io/parallel.h"
 #include "ops/discovery.h"
+#include "ops/integrity.h"
 #include "ops/result_json.h"
 #include "ops/shrink.h"
 
@@ -129,9 +130,10 @@ int RunShrink(ShrinkCliOptions o) {
     }
   }
   // torch.distributed.checkpoint saves every chunk compact (a view is cloned first): there is
-  // nothing for shrink to cut.
+  // nothing for shrink to cut. A damaged one is said to be damaged, not to be fine.
   for (const std::string& d : dcp_folders) {
     if (!cluster::IsRoot()) break;
+    RefuseDamaged(d, o.threads, "nothing shrunk");
     std::cout << Printable(fmt::format(
                      "{}: torch.distributed.checkpoint folder: its items are already compact, "
                      "nothing to shrink (strip drops its optimizer state; export writes its model)",

@@ -21,6 +21,7 @@
 #include "io/parallel.h"
 #include "io/temp_files.h"
 #include "ops/dcp_strip.h"
+#include "ops/integrity.h"
 #include "ops/result_json.h"
 #include "ops/strip.h"
 
@@ -62,6 +63,9 @@ int RunStrip(StripCliOptions o) {
     PrintError("--delete-files deletes in place; a copy (-o) leaves training-only files out");
     return 2;
   }
+  // The copy carries its other files over byte for byte: none may be damaged either (the
+  // stripped ones are checked as they are read).
+  if (folder_copy) RefuseDamaged(o.paths[0], o.threads, "no copy written");
   so.output = o.output;
   StripTargets targets = CollectStripTargets(o.paths);
   std::vector<std::string>& files = targets.files;

@@ -155,7 +155,7 @@ int RunWatch(const WatchCliOptions& o) {
   ao.stop = &graceful.stop();
   bool json = o.p.json;
   ao.log = [json, quiet = o.p.quiet](const ApplyEvent& e) {
-    if (!quiet || e.kind == "failed") PrintEvent(e, json, true);
+    if (!quiet || e.kind == "failed" || e.kind == "damaged") PrintEvent(e, json, true);
   };
   Applier applier(o.p.root, *p, ao);
   Watcher watcher(o.p.root, !o.no_inotify);

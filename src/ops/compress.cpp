@@ -24,6 +24,7 @@
 #include "io/parallel_crc.h"
 #include "io/temp_files.h"
 #include "ops/archive_io.h"
+#include "ops/integrity.h"
 
 namespace ckpt {
 
@@ -212,6 +213,15 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       if (rel.empty() || rel == "." || *rel.begin() != "..")
         Fail("{}: the archive cannot be written inside the folder it archives", r.output);
     }
+  }
+
+  // 0. Nothing damaged goes in unseen: the archive's checksums would vouch for it, and with
+  // --rm the original, the evidence, would go.
+  if (!o.allow_damaged) {
+    PerfTimer t("check");
+    RefuseDamaged(path, o.threads,
+                  "not archived, its checksums would vouch for it (--allow-damaged archives it "
+                  "as it is, the damage kept)");
   }
 
   // 1. What to archive.

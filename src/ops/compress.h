@@ -38,6 +38,9 @@ struct CompressOptions {
   bool force = false;         // -f: replace an existing output
   bool remove_input = false;  // --rm
   bool dry_run = false;       // code everything, write nothing: `after` is the archive's exact size
+  // --allow-damaged: archive a checkpoint that fails verify, its damage kept byte for byte (so
+  // verify of the archive and of what it restores still shows it). Otherwise it is refused.
+  bool allow_damaged = false;
   std::atomic<uint64_t>* bytes_done = nullptr;  // progress: input bytes coded
 };
 

@@ -199,7 +199,7 @@ std::string RenderDcpText(const dcp::Checkpoint& c, size_t top_n) {
 DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads) {
   DcpVerifyResult r;
   r.problems = c.problems;
-  for (const std::string& u : Unsafe(c)) r.problems.push_back({"pickle", u + " (never run)"});
+  for (const std::string& u : Unsafe(c)) r.problems.push_back({"pickle", u + " (never run)", true});
   // Every record of every readable item against its CRC32.
   // 32 bytes per record (an item holds ~6); the record's name is read again only for a message.
   struct Record {

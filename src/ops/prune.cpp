@@ -23,6 +23,7 @@
 #include "io/temp_files.h"
 #include "io/text_file.h"
 #include "ops/discovery.h"
+#include "ops/integrity.h"
 #include "ops/strip.h"
 
 namespace ckpt {
@@ -240,6 +241,17 @@ int64_t StepFromName(const std::string& name_arg) {
   return -1;
 }
 
+namespace {
+
+bool IntactForPrune(const std::string& path, unsigned threads, std::string* why) {
+  std::vector<torch::Problem> damage = FindDamage(path, threads);
+  if (damage.empty()) return true;
+  *why = DescribeDamage(damage, path);
+  return false;
+}
+
+}  // namespace
+
 PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
   PruneResult r = PlanPrune(root_arg, o);
   if (r.entries.empty())
@@ -250,7 +262,7 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
 }
 
 PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
-                      const CompletenessTest& complete) {
+                      const CompletenessTest& complete, const CompletenessTest& intact) {
   if (o.keep_last < 1)
     Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
   fs::path root(root_arg);
@@ -322,6 +334,18 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
       e.reason = "Lightning's last checkpoint (what fit(ckpt_path=\"last\") resumes from)";
       continue;
     }
+    // Would it count among the newest kept? Only if it verifies.
+    if (newest_seen < o.keep_last) {
+      std::string why;
+      std::string path = (root / e.name).string();
+      bool ok = intact ? intact(path, &why) : IntactForPrune(path, o.threads, &why);
+      if (!ok) {
+        e.keep = true;
+        e.damaged = true;
+        e.reason = fmt::format("damaged ({}): kept as it is, not counted", why);
+        continue;
+      }
+    }
     ++newest_seen;
     if (newest_seen == 1) {
       e.keep = true;
@@ -373,7 +397,7 @@ void ExecutePrune(const std::string& root_arg, PruneResult& r, const PruneOption
     uint64_t seen = 0;
     for (size_t i = r.entries.size(); i-- > 0;) {
       PruneEntry& e = r.entries[i];
-      if (!e.keep || !e.complete || e.latest_copy) continue;
+      if (!e.keep || !e.complete || e.latest_copy || e.damaged) continue;
       if (++seen > o.strip_older && !e.archive) StripKept(root / e.name, e, o);
     }
   }

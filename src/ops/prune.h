@@ -36,6 +36,10 @@ struct PruneEntry {
   uint64_t bytes = 0;
   bool keep = false;
   bool complete = true;
+  // Fails verify (ops/integrity.h): kept as evidence, never counted among the newest N, never
+  // stripped. Only the checkpoints that could count are checked (from the newest until N intact
+  // ones are found): the older ones go or stay by the other rules, whatever their bytes.
+  bool damaged = false;
   std::string reason;  // why it is kept (or why it goes)
   bool stripped = false;
   uint64_t bytes_after = 0;  // after --strip-older
@@ -54,9 +58,11 @@ PruneResult Prune(const std::string& root, const PruneOptions& options);
 // LooksComplete when given. PlanPrune touches nothing and returns no entries (instead of
 // failing) when ROOT holds no checkpoints; ExecutePrune removes what earlier runs left in the
 // trash, deletes every entry the plan does not keep, then strips (strip_older).
+// `intact` replaces prune's own damage test (FindDamage: what verify reports, bar unsafe
+// pickles) when given; it is asked only of the checkpoints that would count among the newest.
 using CompletenessTest = std::function<bool(const std::string& path, std::string* why)>;
 PruneResult PlanPrune(const std::string& root, const PruneOptions& options,
-                      const CompletenessTest& complete = {});
+                      const CompletenessTest& complete = {}, const CompletenessTest& intact = {});
 void ExecutePrune(const std::string& root, PruneResult& plan, const PruneOptions& options);
 
 // prune's own test: every checkpoint file in it opens cleanly (and a folder holds at least

@@ -10,6 +10,7 @@ namespace torch {
 void from_json(const json& j, Problem& p) {
   j.at("where").get_to(p.where);
   j.at("what").get_to(p.what);
+  j.at("unsafe").get_to(p.unsafe);
 }
 }  // namespace torch
 

@@ -23,7 +23,7 @@ namespace ckpt {
 namespace torch {
 template <typename J>
 void to_json(J& j, const Problem& p) {
-  j = J{{"where", p.where}, {"what", p.what}};
+  j = J{{"where", p.where}, {"what", p.what}, {"unsafe", p.unsafe}};
 }
 void from_json(const nlohmann::json& j, Problem& p);
 }  // namespace torch

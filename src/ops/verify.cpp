@@ -78,7 +78,7 @@ void CheckGlobals(const torch::Model& m, const torch::Trust& trust, VerifyResult
   torch::PickleScan scan = torch::ScanPickle(m.graph, trust);
   for (const torch::UnsafeFinding& u : scan.findings) {
     out.problems.push_back({fmt::format("pickle offset {}", m.graph.at(u.node).stream_offset),
-                            torch::ExplainFinding(u)});
+                            torch::ExplainFinding(u), true});
   }
   std::string refused;
   for (const torch::ImportedName& n : scan.names) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "file/checkpoint_file.h"
+#include "ops/discovery.h"
 #include "torch/global_policy.h"
 #include "torch/model.h"
 
@@ -33,5 +34,11 @@ struct VerifyOutcome {
   std::string ok;
   std::vector<std::string> notes;
 };
+
+// Verifies one located checkpoint (ops/discovery.h) of any kind: a file (its records' CRC32s,
+// structure and pickle), a ZeRO folder (its partitions add up), a DCP folder (chunks tile every
+// tensor), a .ckz archive (every chunk's checksum, then what it holds, as restored). Throws
+// ckpt::Error when the checkpoint cannot be read at all.
+VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust);
 
 }  // namespace ckpt

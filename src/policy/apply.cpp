@@ -29,6 +29,7 @@
 #include "ops/dcp_strip.h"
 #include "ops/discovery.h"
 #include "ops/export.h"
+#include "ops/integrity.h"
 #include "ops/output_set.h"
 #include "ops/prune.h"
 #include "ops/shrink.h"
@@ -138,10 +139,56 @@ struct Applier::State {
 
   bool Stopping() const { return o.stop && o.stop->load(); }
 
+  // Does checkpoint `name` verify as its files are now? The ledger's answer when it was checked
+  // at these very files (stat unchanged), else FindDamage's, recorded in the ledger.
+  policy::IntegrityRecord Integrity(const std::string& name);
+  void LogDamaged(const std::string& name, const std::string& damage, PassResult& result);
+
   void Retention(PruneResult& plan, PassResult& result);
   bool CompressFinished(const std::string& name, policy::CheckpointRecord& rec);
   void Process(const Entry& e, PassResult& result);
 };
+
+policy::IntegrityRecord Applier::State::Integrity(const std::string& name) {
+  const Fingerprint* stat = completeness.StatOf(name);
+  auto& records = ledger.checkpoints();
+  auto it = records.find(name);
+  if (stat && it != records.end() && it->second.checked && !it->second.running &&
+      policy::SameStat(*stat, it->second.files))
+    return *it->second.checked;
+  policy::IntegrityRecord r{policy::UtcNow(), ""};
+  std::string path = (fs::path(root) / name).string();
+  r.damage = DescribeDamage(FindDamage(path, o.threads), path);
+  if (!stat) return r;
+  if (it == records.end()) {
+    // Remembered, so that the next pass does not read it again.
+    policy::CheckpointRecord rec;
+    rec.step = StepFromName(name);
+    rec.layout = completeness.LayoutOf(name);
+    rec.files = *stat;
+    policy::HashFiles(root, rec.files);
+    it = records.emplace(name, std::move(rec)).first;
+  } else if (it->second.running || !policy::SameStat(*stat, it->second.files)) {
+    return r;  // Process sees the change (or the interrupted step) and records it then
+  }
+  it->second.checked = r;
+  dirty = true;
+  return r;
+}
+
+void Applier::State::LogDamaged(const std::string& name, const std::string& damage,
+                                PassResult& result) {
+  ++result.damaged;
+  ++result.failures;
+  std::string why = "damaged: " + damage;
+  auto& logged = waiting_logged[name];
+  if (logged == why) return;
+  logged = why;
+  Log({"damaged", name, "",
+       fmt::format("fails verify ({}): no step runs on it, retention keeps it and does not "
+                   "count it",
+                   damage)});
+}
 
 Applier::Applier(std::string root, Policy policy, ApplyOptions options) {
   if (!fs::is_directory(root)) Fail("{}: not a folder", root);
@@ -269,6 +316,7 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
   } else if (it->second.running) {
     Log({"resume", e.name, it->second.running_step,
          fmt::format("{} was interrupted: it runs again", it->second.running_step)});
+    it->second.checked.reset();  // a step stopped midway: what it left is checked again
     it->second.running.reset();
     it->second.running_step.clear();
     policy::HashFiles(root, now, &it->second.files);
@@ -283,6 +331,7 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
       }
       it->second.steps.clear();
       it->second.failed.reset();
+      it->second.checked.reset();
       failure_logged.erase(e.name);
       policy::HashFiles(root, now, &it->second.files);
       it->second.files = now;
@@ -294,6 +343,18 @@ void Applier::State::Process(const Entry& e, PassResult& result) {
     }
   }
   policy::CheckpointRecord& rec = it->second;
+  // No step runs on a checkpoint that does not verify: it would carry the damage on under fresh
+  // checksums (compress, convert, strip) or call it good (verify, export).
+  if (!rec.checked) {
+    if (dirty) Save();
+    rec.checked = Integrity(e.name);
+    dirty = true;
+  }
+  if (!rec.checked->damage.empty()) {
+    if (dirty) Save();
+    LogDamaged(e.name, rec.checked->damage, result);
+    return;
+  }
   // A step that failed on these very files with these options is not tried again.
   if (rec.failed) {
     bool same = false;
@@ -437,9 +498,14 @@ PassResult Applier::RunPass() {
     }
     po.keep.push_back(exact);
   }
-  PruneResult plan = PlanPrune(s.root, po, [&](const std::string& path, std::string* why) {
-    return s.completeness.Complete(path, why);
-  });
+  PruneResult plan = PlanPrune(
+      s.root, po,
+      [&](const std::string& path, std::string* why) { return s.completeness.Complete(path, why); },
+      [&](const std::string& path, std::string* why) {
+        policy::IntegrityRecord r = s.Integrity(fs::path(path).filename().string());
+        *why = r.damage;
+        return r.damage.empty();
+      });
   // Ledger entries whose checkpoint is gone (the trainer rotated it away).
   std::set<std::string> present;
   for (const PruneEntry& pe : plan.entries) present.insert(pe.name);
@@ -452,6 +518,12 @@ PassResult Applier::RunPass() {
     auto it = s.ledger.checkpoints().find(name);
     if (it == s.ledger.checkpoints().end()) continue;
     if (s.CompressFinished(name, it->second)) continue;
+    const policy::CheckpointRecord& gone = it->second;
+    if (gone.steps.empty() && gone.outputs.empty() && !gone.failed) {
+      s.ledger.checkpoints().erase(it);  // only its check was remembered: nothing to say
+      s.dirty = true;
+      continue;
+    }
     ApplyEvent ev{"gone", name, "", "deleted by someone else: forgotten"};
     if (!it->second.outputs.empty()) {
       ev.details["outputs"] = it->second.outputs;
@@ -476,6 +548,15 @@ PassResult Applier::RunPass() {
         logged = why;
         s.Log({"wait", pe.name, "", why});
       }
+      continue;
+    }
+    if (pe.damaged) {
+      auto rec = s.ledger.checkpoints().find(pe.name);
+      s.LogDamaged(pe.name,
+                   rec != s.ledger.checkpoints().end() && rec->second.checked
+                       ? rec->second.checked->damage
+                       : pe.reason,
+                   result);
       continue;
     }
     s.waiting_logged.erase(pe.name);

@@ -12,6 +12,8 @@
 //   4. for each complete checkpoint kept, oldest first, the steps it still needs, in order
 //      shrink, convert, export, verify (then strip and compress once it is older than the
 //      newest N): the ledger is written before a step starts and after it ends.
+// A checkpoint that fails verify (ops/integrity.h; recorded in the ledger at its files) is
+// reported, kept, not counted by retention, and no step runs on it.
 // Each step calls the op the command of the same name runs (ShrinkFile, StripFile / StripDcp,
 // PlanConvertTree + ConvertFile, Export, Verify / VerifyDcp / OpenZeroCheckpoint).
 //
@@ -34,7 +36,7 @@ namespace ckpt {
 
 // One thing apply did, would do, or waits for.
 struct ApplyEvent {
-  // "delete", "step", "wait", "failed", "skip", "gone", "changed", "resume", "note"
+  // "delete", "step", "wait", "failed", "damaged", "skip", "gone", "changed", "resume", "note"
   std::string kind;
   std::string checkpoint;  // entry name in ROOT ("" for the root)
   std::string step;        // step name, or "retention"
@@ -67,6 +69,7 @@ struct PassResult {
   size_t not_confirmed = 0;  // retention would delete, but no --yes nor `delete = true`
   size_t failures = 0;       // failed now, or failed earlier and not retried
   size_t waiting = 0;        // checkpoints not complete yet
+  size_t damaged = 0;        // checkpoints that fail verify (also counted in failures)
   uint64_t bytes_freed = 0;  // retention + in-place steps (dry run: what would be)
   bool stopped = false;
   std::optional<double> next_settle;  // seconds until a settling checkpoint may be ready

@@ -62,7 +62,9 @@ class Completeness {
   // Starts a pass: markers and open files are read again.
   void BeginPass();
 
-  // prune's CompletenessTest: is ROOT/<name> complete? `why` says what it waits for.
+  // prune's CompletenessTest: is ROOT/<name> complete? `why` says what it waits for. One whose
+  // framework marker is written and that has settled is complete even when a file in it does
+  // not open: that is damage, for the integrity check to report.
   bool Complete(const std::string& path, std::string* why);
 
   // The layout(s) seen for an entry in this pass ("deepspeed", "hf-trainer+dcp"...).

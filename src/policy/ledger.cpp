@@ -93,6 +93,11 @@ Ledger Ledger::Load(const std::string& root) {
             FailedRecord{f.at("step").get<std::string>(), nlohmann::ordered_json(f.at("options")),
                          f.at("at").get<std::string>(), f.at("error").get<std::string>()};
       }
+      if (c.contains("checked")) {
+        const nlohmann::ordered_json& k = c.at("checked");
+        r.checked =
+            IntegrityRecord{k.at("at").get<std::string>(), k.at("damage").get<std::string>()};
+      }
       if (c.contains("outputs")) r.outputs = c.at("outputs").get<std::vector<std::string>>();
       l.checkpoints_[name] = std::move(r);
     }
@@ -139,6 +144,7 @@ nlohmann::ordered_json Ledger::ToJson() const {
                      {"at", r.failed->at},
                      {"error", r.failed->error}};
     }
+    if (r.checked) c["checked"] = {{"at", r.checked->at}, {"damage", r.checked->damage}};
     if (!r.outputs.empty()) c["outputs"] = r.outputs;
     j["checkpoints"][name] = c;
   }

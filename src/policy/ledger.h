@@ -13,6 +13,7 @@
 //                              "note": "..."}, ...},
 //         "running": {"step": "strip", "options": {...}, "at": "..."},   // while a step runs
 //         "failed": {"step": "verify", "options": {...}, "at": "...", "error": "..."},
+//         "checked": {"at": "...", "damage": ""},   // verified at "files"; "" is intact
 //         "outputs": ["checkpoint-1000/bf16", "export/epoch=3-step=1000"]
 //       }
 //     },
@@ -54,6 +55,13 @@ struct FailedRecord {
   std::string error;
 };
 
+// What verify found in the checkpoint's bytes ("files" as they are): no step runs on a damaged
+// checkpoint, and retention does not count it.
+struct IntegrityRecord {
+  std::string at;
+  std::string damage;  // empty: intact
+};
+
 struct CheckpointRecord {
   int64_t step = -1;
   std::string layout;
@@ -62,7 +70,8 @@ struct CheckpointRecord {
   std::optional<StepRecord> running;  // options and start time
   std::string running_step;
   std::optional<FailedRecord> failed;
-  std::vector<std::string> outputs;  // relative to ROOT
+  std::optional<IntegrityRecord> checked;  // cleared whenever "files" changes under us
+  std::vector<std::string> outputs;        // relative to ROOT
 };
 
 struct RemovedRecord {

@@ -573,7 +573,12 @@ class InspectAndVerifyArchives(CkptTestCase):
         optim = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
                  if f.endswith("optim_states.pt")]
         os.remove(sorted(optim)[-1])
-        run("compress", "-q", "-f", root)
+        # Refused as it is (the archive would vouch for a broken checkpoint)...
+        r = run("compress", "-q", "-f", root, expect=1)
+        self.assertIn("partition_count says 2 ranks", r.stderr)
+        self.assertIn("refusing a damaged input", r.stderr)
+        # ...archived on request, the damage kept where verify sees it.
+        run("compress", "-q", "-f", "--allow-damaged", root)
         r = run("verify", root + ".ckz", expect=1)
         self.assertIn("zero2.ckz: zero2", r.stdout + r.stderr)
         self.assertNotIn("ckptool-tmp", r.stdout + r.stderr)

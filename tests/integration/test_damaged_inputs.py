@@ -1,8 +1,13 @@
 """Nothing laundered: a torch zip whose tensor record fails its CRC32 (torch.load does not check
-it: FORMATS.md section 1) is refused by every command that would write from its bytes (shrink
-in place and to a new file, convert, strip, export), with a message naming the file and the
-record; the input stays byte-identical and no output appears. Before, shrink rewrote it with
-fresh checksums and the damage stopped showing."""
+it: FORMATS.md section 1) is refused by every command that would write from its bytes
+(shrink, convert, strip, export, compress), with a message naming the file and the record; the
+input stays byte-identical and no output appears. A policy (apply) and prune report it, keep
+it, do not count it among the newest kept, and run no step on it. Before, shrink rewrote it
+with fresh checksums and the damage stopped showing. (A truncated safetensors shard and a short
+DCP chunk, written by transformers and torch.distributed.checkpoint: tests/real/
+test_damaged_checkpoints.py.)"""
+import hashlib
+import json
 import os
 import struct
 import zipfile
@@ -23,6 +28,25 @@ def flip_in_record(path, record_suffix, at=100):
     with open(path, "wb") as f:
         f.write(data)
     return info.filename
+
+
+def tree_digest(path):
+    """sha256 over every file under path (or of the file), names included."""
+    h = hashlib.sha256()
+    if os.path.isfile(path):
+        h.update(read_bytes(path))
+        return h.hexdigest()
+    for dirpath, dirnames, filenames in sorted(os.walk(path)):
+        dirnames.sort()
+        for f in sorted(filenames):
+            p = os.path.join(dirpath, f)
+            h.update(os.path.relpath(p, path).encode() + b"\0" + read_bytes(p))
+    return h.hexdigest()
+
+
+def damaged_zip(path):
+    torch.save({"w": torch.arange(1000.0)[:10], "b": torch.ones(4)}, path)
+    return flip_in_record(path, "data/0")
 
 
 class DamagedInputTest(CkptTestCase):
@@ -51,6 +75,74 @@ class DamagedInputTest(CkptTestCase):
                     self.assertFalse(os.path.exists(out), out)
         # The damage still shows.
         self.assertIn("CRC32 mismatch", run("verify", src, expect=1).stdout)
+
+    def assertRefused(self, src, args, outputs, needle):
+        before = tree_digest(src)
+        r = run(*args, expect=1)
+        self.assertIn(needle, r.stderr)
+        self.assertNotIn("Done", r.stdout)
+        self.assertNotIn("Wrote", r.stdout)
+        self.assertEqual(tree_digest(src), before, "the input changed")
+        for out in outputs:
+            self.assertFalse(os.path.exists(out), out)
+
+    def test_compress_refuses_a_crc_damaged_zip_unless_asked(self):
+        src = self.path("damaged.pt")
+        record = damaged_zip(src)
+        self.assertRefused(src, ["compress", src, "--rm"], [src + ".ckz"],
+                           f"{record}: CRC32 mismatch")
+        self.assertTrue(os.path.exists(src))
+        # Asked for, the damage goes into the archive as it is, and still shows there.
+        original = read_bytes(src)
+        run("compress", src, "--allow-damaged")
+        out = run("verify", src + ".ckz", expect=1).stdout
+        self.assertIn("CRC32 mismatch", out)
+        restored = self.path("restored.pt")
+        run("decompress", src + ".ckz", "-o", restored)
+        self.assertEqual(read_bytes(restored), original)
+
+    def check_policy_skips(self, root, good, bad, policy):
+        """apply reports the damaged checkpoint, keeps it as it is, does not count it among the
+        newest kept (the good one older than it stays), and runs no step on it."""
+        with open(os.path.join(root, "ckptool.toml"), "w") as f:
+            f.write(policy)
+        before = tree_digest(os.path.join(root, bad))
+        for attempt in range(2):  # the second pass reads the verdict from the ledger
+            r = run("apply", root, "--yes", "--settle", "0", expect=1)
+            self.assertIn(f"{bad}: damaged: fails verify", r.stdout)
+            self.assertIn("1 damaged", r.stdout)
+            self.assertEqual(tree_digest(os.path.join(root, bad)), before)
+        names = os.listdir(root)
+        self.assertIn(bad, names)
+        self.assertFalse(any(n.startswith(bad) and n != bad for n in names), names)
+        self.assertTrue(any(n.startswith(good) for n in names), names)
+        return names
+
+    def test_apply_skips_a_damaged_checkpoint(self):
+        policy = "[retention]\nkeep_last = 1\n[compress]\nolder_than_newest = 0\n"
+        root = self.path("zips")
+        os.makedirs(root)
+        torch.save({"w": torch.randn(100)}, os.path.join(root, "step_10.pt"))
+        torch.save({"w": torch.randn(100)}, os.path.join(root, "step_5.pt"))
+        damaged_zip(os.path.join(root, "step_20.pt"))
+        names = self.check_policy_skips(root, "step_10.pt", "step_20.pt", policy)
+        self.assertIn("step_10.pt.ckz", names)  # the newest good one was compressed
+        self.assertNotIn("step_5.pt", names)     # and counted: the older one went
+
+    def test_prune_does_not_count_a_damaged_checkpoint(self):
+        root = self.path("run")
+        os.makedirs(root)
+        for step in (10, 20):
+            torch.save({"w": torch.randn(10)}, os.path.join(root, f"step_{step}.pt"))
+        damaged_zip(os.path.join(root, "step_30.pt"))
+        r = run("prune", root, "--keep-last", "1", "--yes", "--json")
+        entries = {e["name"]: e for e in json.loads(r.stdout)["entries"]}
+        self.assertTrue(entries["step_30.pt"]["damaged"])
+        self.assertTrue(entries["step_30.pt"]["keep"])
+        self.assertTrue(entries["step_20.pt"]["keep"])
+        self.assertFalse(entries["step_10.pt"]["keep"])
+        self.assertIn("step_30.pt: damaged", r.stderr)
+        self.assertEqual(sorted(os.listdir(root)), ["step_20.pt", "step_30.pt"])
 
     def test_an_intact_file_is_rewritten(self):
         src = self.path("intact.pt")

@@ -9,6 +9,7 @@ import time
 import torch
 
 from ckpt_testlib import CKPTOOL, CkptTestCase, run
+from zero_fixtures import make_zero_checkpoint
 
 
 def tiny(path, seed=0, optimizer=False):
@@ -28,10 +29,9 @@ class PruneTest(CkptTestCase):
         return sorted(os.listdir(self.tmp))
 
     def test_deepspeed_numeric_order_and_latest(self):
+        # ZeRO folders as DeepSpeed writes them (prune verifies the ones that would count).
         for step in (200, 900, 1000, 1100):
-            d = os.path.join(self.tmp, f"global_step{step}")
-            tiny(os.path.join(d, "mp_rank_00_model_states.pt"), step)
-            tiny(os.path.join(d, "zero_pp_rank_0_mp_rank_00_optim_states.pt"), step)
+            make_zero_checkpoint(self.tmp, 2, 2, tag=f"global_step{step}", seed=step)
         with open(self.path("latest"), "w") as f:
             f.write("global_step200")
         dry = self.prune("--keep-last", "1")
@@ -42,7 +42,7 @@ class PruneTest(CkptTestCase):
         self.assertIn("global_step900", self.names(), "a dry run deletes nothing")
         self.assertGreater(dry["bytes_freed"], 0)
         self.prune("--keep-last", "1", "--yes")
-        self.assertEqual(self.names(), ["global_step1100", "global_step200", "latest"])
+        self.assertEqual(self.names(), ["global_step1100", "global_step200", "latest", "zero_to_fp32.py"])
 
     def test_hf_best_model_checkpoint_is_protected(self):
         for step in (500, 1000, 1500):

@@ -83,9 +83,10 @@ int RunVerify(const VerifyCliOptions& o) {
       nlohmann::ordered_json row = {{"path", items[i].path},
                                     {"ok", f.failed.empty() && f.outcome.problems.empty()}};
       nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      if (!f.failed.empty()) list.push_back({{"where", ""}, {"what", f.failed}});
+      if (!f.failed.empty())
+        list.push_back({{"where", ""}, {"what", f.failed}, {"unsafe", false}});
       for (const auto& p : f.outcome.problems)
-        list.push_back({{"where", p.where}, {"what", p.what}});
+        list.push_back({{"where", p.where}, {"what", p.what}, {"unsafe", p.unsafe}});
       row["problems"] = list;
       row["notes"] = f.outcome.notes;
       doc["checkpoints"].push_back(std::move(row));

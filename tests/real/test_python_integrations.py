@@ -2,6 +2,7 @@
 in a real Lightning Trainer.fit (resume bit-identical to a plain torch.save run; a policy
 applied as checkpoints land), and ckptool.hf's TrainerCallback in a real transformers Trainer
 (the run ends as `ckptool apply` would leave it)."""
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -28,6 +29,41 @@ make_fixture(sys.argv[1])
 """
 RESUME_STEP = (R.RESUME_EPOCH + 1) * R.STEPS_PER_EPOCH
 RESUME_NAME = f"epoch={R.RESUME_EPOCH}-step={RESUME_STEP}.ckpt"
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """A user's own class in a checkpoint: in save_hyperparameters() and on_save_checkpoint."""
+    name: str = "tiny"
+    warmup: int = 3
+
+
+class ConfiguredLit(R.TinyLit):
+    def __init__(self, cfg=RunConfig()):
+        super().__init__()
+        self.save_hyperparameters()
+        self.loaded = None
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["run_config"] = RunConfig("saved", self.global_step)
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded = checkpoint["run_config"]
+
+
+def fit_configured(root, plugins, epochs, ckpt_path=None, **fit_kwargs):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    torch.set_num_threads(1)
+    L.seed_everything(0, workers=True, verbose=False)
+    model = ConfiguredLit(RunConfig("hp", 5))
+    every = ModelCheckpoint(dirpath=os.path.join(root, "ckpts"), filename="{epoch}-{step}",
+                            every_n_epochs=1, save_top_k=-1)
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[every], num_sanity_val_steps=0, plugins=plugins)
+    trainer.fit(model, R.loader(), ckpt_path=ckpt_path, **fit_kwargs)
+    return model
 
 
 class LightningPlugin(TempDirTest):
@@ -59,6 +95,33 @@ class LightningPlugin(TempDirTest):
         leftovers = [f for f in os.listdir(self.path("plug", "ckpts")) if "ckptool-tmp" in f]
         self.assertEqual(leftovers, [])
         self.assertResumesExactly(ckpt, "plugin")
+
+    def test_a_users_dataclass_resumes_as_lightning_resumes_it(self):
+        """Lightning's own CheckpointIO: fit(weights_only=False) gives the dataclass back; the
+        default (weights_only) refuses the file, naming the class. The plugin does the same:
+        never an inert record in the user's hands without a word."""
+        fit_configured(self.path("run"), [self.plugin()], epochs=1)
+        ckpt = self.path("run", "ckpts", f"epoch=0-step={R.STEPS_PER_EPOCH}.ckpt")
+        self.assertTrue(os.path.exists(ckpt))
+        for label, plugins in (("lightning", None), ("plugin", [self.plugin()])):
+            with self.subTest(io=label):
+                model = fit_configured(self.path("resumed-" + label), plugins, epochs=2,
+                                       ckpt_path=ckpt, weights_only=False)
+                self.assertIsInstance(model.loaded, RunConfig)
+                self.assertEqual(model.loaded, RunConfig("saved", R.STEPS_PER_EPOCH))
+                with self.assertRaises(Exception) as refused:
+                    fit_configured(self.path("refused-" + label), plugins, epochs=2,
+                                   ckpt_path=ckpt)
+                self.assertIn("RunConfig", str(refused.exception))
+                if label == "plugin":
+                    self.assertIn("weights_only=True", str(refused.exception))
+                    self.assertIn("trust=", str(refused.exception))
+        # The plugin's trust=[module] accepts the user's own classes and nothing else.
+        model = fit_configured(self.path("trusted"), [self.plugin(trust=[__name__])], epochs=2,
+                               ckpt_path=ckpt)
+        self.assertEqual(model.loaded, RunConfig("saved", R.STEPS_PER_EPOCH))
+        hp = ckptool.load(ckpt, weights_only=False)["hyper_parameters"]["cfg"]
+        self.assertEqual(hp, RunConfig("hp", 5))
 
     def test_policy_runs_as_checkpoints_land(self):
         ckpts = self.path("pol", "ckpts")

@@ -35,6 +35,8 @@ struct ExportCliOptions {
   std::string max_shard_size;
   std::string tag;
   bool exclude_frozen = false;
+  std::vector<std::string> strip_prefixes;
+  std::vector<std::string> config_from;
   unsigned threads = DefaultThreads();
   bool json = false;
   bool force = false;
@@ -114,6 +116,8 @@ int RunExport(const ExportCliOptions& o) {
   eo.threads = o.threads;
   eo.tag = o.tag;
   eo.exclude_frozen = o.exclude_frozen;
+  eo.strip_prefixes = o.strip_prefixes;
+  eo.config_from = o.config_from;
   if (shared) eo.team = &team.team;
   // The new files go into place as a whole, replacing a previous export's (output_set.h). In
   // an MPI job rank 0 makes the place and every rank writes its shards there.
@@ -189,6 +193,14 @@ Runner AddExport(CLI::App& app) {
                  "DeepSpeed ZeRO: the tag folder to export (default: what 'latest' names)");
   app.add_flag("--exclude-frozen", o->exclude_frozen,
                "DeepSpeed ZeRO: leave frozen parameters out");
+  app.add_option("--strip-prefix", o->strip_prefixes,
+                 "Remove PREFIX from the start of every tensor name that has it (repeatable, "
+                 "applied in order): module. (DDP, DeepSpeed wrappers), _orig_mod. "
+                 "(torch.compile)");
+  app.add_option("--config-from", o->config_from,
+                 "A model folder (or a config.json / tokenizer file) whose config.json, "
+                 "generation_config.json and tokenizer files go into the output folder, before "
+                 "the sources' own (for ZeRO, DCP and torch-file sources; repeatable)");
   app.add_flag("-f,--force", o->force,
                "Replace an existing output (a previous export's files go as a whole)");
   app.add_flag("--dry-run", o->dry_run, "Say what would be written; write nothing");

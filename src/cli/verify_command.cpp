@@ -83,8 +83,7 @@ int RunVerify(const VerifyCliOptions& o) {
       nlohmann::ordered_json row = {{"path", items[i].path},
                                     {"ok", f.failed.empty() && f.outcome.problems.empty()}};
       nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      if (!f.failed.empty())
-        list.push_back({{"where", ""}, {"what", f.failed}, {"unsafe", false}});
+      if (!f.failed.empty()) list.push_back({{"where", ""}, {"what", f.failed}, {"unsafe", false}});
       for (const auto& p : f.outcome.problems)
         list.push_back({{"where", p.where}, {"what", p.what}, {"unsafe", p.unsafe}});
       row["problems"] = list;

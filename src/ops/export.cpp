@@ -44,18 +44,87 @@ constexpr std::string_view kModelFolderCompanions[] = {
 // An export into a folder from checkpoint folders (a Trainer's checkpoint-N, a model folder)
 // takes their config and tokenizer files along, into the folder being written (it is put in
 // place whole with the weights). The first source holding a name wins.
-void CopyCompanions(const std::vector<std::string>& sources, const std::string& to,
+// --config-from folders come first; a --config-from file is its own name's source.
+void CopyCompanions(const std::vector<std::string>& config_from,
+                    const std::vector<std::string>& sources, const std::string& to,
                     ExportResult& r) {
   std::error_code ec;
+  std::vector<std::string> from = config_from;
+  from.insert(from.end(), sources.begin(), sources.end());
   for (std::string_view name : kModelFolderCompanions) {
     fs::path dest = fs::path(to) / name;
-    for (const std::string& s : sources) {
+    for (const std::string& s : from) {
       fs::path src = fs::path(s) / name;
-      if (!fs::is_directory(s, ec) || !fs::is_regular_file(src, ec)) continue;
+      if (fs::is_regular_file(s, ec) && fs::path(s).filename() == name) src = s;
+      if (!fs::is_regular_file(src, ec)) continue;
       CopyFileAtomically(MappedFile::Open(src.string()), dest.string());
       r.files.push_back(dest.string());
       break;
     }
+  }
+}
+
+// Checked before anything is read: every --config-from is a folder holding at least one of
+// the companion files, or one such file.
+void CheckConfigFrom(const std::vector<std::string>& config_from) {
+  std::error_code ec;
+  for (const std::string& s : config_from) {
+    if (fs::is_regular_file(s, ec)) {
+      std::string name = fs::path(s).filename().string();
+      bool known = false;
+      for (std::string_view n : kModelFolderCompanions) known = known || n == name;
+      if (!known)
+        Fail(
+            "--config-from {}: not a config or tokenizer file (config.json, "
+            "tokenizer.json, ...) nor a folder holding them",
+            s);
+      continue;
+    }
+    if (!fs::is_directory(s, ec)) Fail("--config-from {}: no such file or folder", s);
+    bool any = false;
+    for (std::string_view n : kModelFolderCompanions)
+      any = any || fs::is_regular_file(fs::path(s) / n, ec);
+    if (!any)
+      Fail("--config-from {}: holds no config.json, generation_config.json or tokenizer file", s);
+  }
+}
+
+// --strip-prefix: each prefix off the start of every name (tensors and aliases), as often as
+// it repeats; names that would collide are an error, a prefix that matches nothing a warning.
+void StripPrefixes(LogicalModel& m, const std::vector<std::string>& prefixes,
+                   std::vector<std::string>& warnings) {
+  if (prefixes.empty()) return;
+  std::vector<uint64_t> hits(prefixes.size(), 0);
+  auto strip = [&](std::string& name) {
+    for (size_t k = 0; k < prefixes.size(); ++k) {
+      const std::string& p = prefixes[k];
+      while (!p.empty() && name.size() > p.size() && name.starts_with(p)) {
+        name.erase(0, p.size());
+        ++hits[k];
+      }
+    }
+  };
+  std::unordered_map<std::string, std::string> was;  // new name -> old name
+  auto claim = [&](const std::string& before, const std::string& after) {
+    auto [it, fresh] = was.emplace(after, before);
+    if (!fresh)
+      Fail("--strip-prefix: '{}' and '{}' would both be named '{}'", it->second, before, after);
+  };
+  for (LogicalTensor& t : m.tensors) {
+    std::string before = t.name;
+    strip(t.name);
+    claim(before, t.name);
+  }
+  for (auto& [alias, owner] : m.aliases) {
+    std::string before = alias;
+    strip(alias);
+    claim(before, alias);
+    strip(owner);
+  }
+  for (size_t k = 0; k < prefixes.size(); ++k) {
+    if (prefixes[k].empty()) Fail("--strip-prefix: give a prefix, such as module.");
+    if (!hits[k])
+      warnings.push_back(fmt::format("--strip-prefix {}: no name starts with it", prefixes[k]));
   }
 }
 
@@ -180,6 +249,12 @@ LogicalModel Select(LogicalModel& all, const OpenedCheckpoint& c, const ExportOp
 
 ExportResult Export(const std::vector<std::string>& sources, const std::string& to,
                     const ExportOptions& o) {
+  CheckConfigFrom(o.config_from);
+  if (!o.config_from.empty() && (IsTorchOutputPath(to) || to.ends_with(".safetensors")))
+    Fail(
+        "--config-from: {} is one file; export into a folder to take config and tokenizer "
+        "files along",
+        to);
   OpenOptions oo;
   oo.threads = o.threads;
   oo.tag = o.tag;
@@ -205,6 +280,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
     PerfTimer timer("select");
     LogicalModel all = c->TakeModel();
     m = Select(all, *c, o, r);
+    StripPrefixes(m, o.strip_prefixes, r.warnings);
   }
   std::vector<std::string> warnings = std::move(r.warnings);
   std::string selected = std::move(r.selected);
@@ -220,7 +296,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   // other files come along. An MPI job's ranks share the folder; its weights alone are
   // written there.
   bool folder = !r.files.empty() && fs::path(r.files[0]).parent_path() == fs::path(to);
-  if (folder && !o.dry_run && o.team == nullptr) CopyCompanions(sources, to, r);
+  if (folder && !o.dry_run && o.team == nullptr) CopyCompanions(o.config_from, sources, to, r);
   // What was read, as the user named it (a ZeRO or DCP folder: its reader's description).
   if (c->kind() == "zero" || c->kind() == "dcp") {
     r.source = m.description;

@@ -34,6 +34,13 @@ struct ExportOptions {
   // DeepSpeed ZeRO checkpoints (deepspeed/zero_checkpoint.h):
   std::string tag;              // the tag folder; empty: what `latest` names
   bool exclude_frozen = false;  // leave frozen parameters out
+  // --strip-prefix: removed from the start of every exported name that has it, in the order
+  // given, each as often as it repeats ("module." of DDP and DeepSpeed wrappers, "_orig_mod."
+  // of torch.compile). Two names that become one are an error.
+  std::vector<std::string> strip_prefixes;
+  // --config-from: folders (or single files) whose config.json, generation_config.json and
+  // tokenizer files go into an exported folder, before the sources' own. Needs a folder output.
+  std::vector<std::string> config_from;
   // Safetensors shards written by the ranks of an MPI job together; null: by this process.
   const ShardTeam* team = nullptr;
 };

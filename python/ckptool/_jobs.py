@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from typing import Any, Callable, Iterable, List, Optional
 
@@ -107,10 +108,31 @@ def run(command: str, *paths: Any, progress: Optional[ProgressCallback] = None,
         return result
     message = "; ".join(errors) or stderr.strip() or f"ckptool {command} exited with {rc}"
     if rc == 2:
+        unknown = _unknown_keyword(command, errors, options)
+        if unknown:
+            raise TypeError(unknown)
         raise UsageError(message, first)
     if rc == 1:
         raise JobFailed(message, first, result)
     raise Error(message, first)
+
+
+_UNKNOWN = re.compile(r"^unknown option (\S+)(?: \(did you mean (\S+)\?\))?")
+
+
+def _unknown_keyword(command: str, errors: List[str], options: dict) -> Optional[str]:
+    """The command line names an option the command does not have, and it came from a keyword
+    argument: said as Python says it of any function (the command ran nothing)."""
+    m = _UNKNOWN.match(errors[0]) if errors else None
+    if not m:
+        return None
+    key = next((k for k in options if _flag(k) == m.group(1)), None)
+    if key is None:
+        return None
+    hint = ""
+    if m.group(2) and m.group(2).startswith("--"):
+        hint = f" (did you mean {m.group(2)[2:].replace('-', '_')!r}?)"
+    return f"ckptool.{command}() got an unexpected keyword argument {key!r}{hint}"
 
 
 def _help(command: str) -> str:

@@ -49,6 +49,13 @@ int RunConvert(ConvertCliOptions o) {
     PrintError("give checkpoint files or model folders to convert");
     return 2;
   }
+  if (!o.output_file.empty() &&
+      (o.paths.size() != 1 || std::filesystem::is_directory(o.paths[0]))) {
+    PrintError(
+        "-o names one output file: give exactly one input file (--output-dir for folders and "
+        "several inputs)");
+    return 2;
+  }
   co.to = *kernels::ParseHalf(o.dtype);  // CLI11 checked it
   ArchiveInputs archives(o.paths, o.output_dir.empty() ? o.output_file : o.output_dir, o.threads,
                          "-o or --output-dir");

@@ -137,22 +137,51 @@ bool WritesNothing(const std::string& command) {
 namespace {
 
 // "(did you mean --dry-run?)" for the options in a CLI11 error that `sub` does not know.
-std::string SuggestOptions(const CLI::App& sub, const std::string& error) {
+std::vector<std::string> OptionNames(const CLI::App& sub, const CLI::App& app) {
   std::vector<std::string> known;
-  for (const CLI::Option* o : sub.get_options()) {
-    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
-    for (const std::string& n : o->get_snames()) known.push_back("-" + n);
+  for (const CLI::App* a : {&sub, &app}) {
+    for (const CLI::Option* o : a->get_options()) {
+      for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+      for (const std::string& n : o->get_snames()) known.push_back("-" + n);
+    }
   }
+  return known;
+}
+
+// Names an option the parser did not know, with the nearest known one, for words of its
+// message that are options; a known option (a bad value, a missing one) gets no suggestion.
+std::string SuggestOptions(const CLI::App& sub, const CLI::App& app, const std::string& error) {
+  std::vector<std::string> known = OptionNames(sub, app);
   std::string out;
   std::istringstream words(error);
   for (std::string w; words >> w;) {
-    while (!w.empty() && (w.back() == ',' || w.back() == '.')) w.pop_back();
+    while (!w.empty() && (w.back() == ',' || w.back() == '.' || w.back() == ':')) w.pop_back();
     if (!w.starts_with("-")) continue;
     w = w.substr(0, w.find('='));
+    if (std::find(known.begin(), known.end(), w) != known.end()) continue;
     std::string best = ckpt::ClosestName(known, w);
     if (!best.empty() && best != w) out += fmt::format(" (did you mean {}?)", best);
   }
   return out;
+}
+
+// The first word of the command line that looks like an option and is none of the command's
+// (a misspelt --dtpye): named before any other error, such as the option it misspells being
+// required. "--" ends the options; "-" and negative numbers are values.
+std::string UnknownOption(const CLI::App& sub, const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> known = OptionNames(sub, app);
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w == "--") break;
+    if (w.size() < 2 || w[0] != '-') continue;
+    if (w[1] == '.' || (w[1] >= '0' && w[1] <= '9')) continue;
+    std::string name = w.starts_with("--") ? w.substr(0, w.find('=')) : w.substr(0, 2);
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string best = ckpt::ClosestName(known, name);
+    return fmt::format("unknown option {}{}", name,
+                       best.empty() ? "" : fmt::format(" (did you mean {}?)", best));
+  }
+  return "";
 }
 
 }  // namespace
@@ -249,9 +278,12 @@ int RunCommandLine(int argc, char** argv) {
     }
     if (command.empty()) {
       ckpt::cli::PrintError("no command given; `ckptool help` lists the commands");
+    } else if (std::string unknown = UnknownOption(*sub, app, argc, argv); !unknown.empty()) {
+      ckpt::cli::PrintError(
+          fmt::format("{}; `ckptool help {}` lists its options", unknown, command));
     } else {
       ckpt::cli::PrintError(fmt::format("{}{}; `ckptool help {}` lists its options", e.what(),
-                                        SuggestOptions(*sub, e.what()), command));
+                                        SuggestOptions(*sub, app, e.what()), command));
     }
     return 2;
   }

@@ -70,7 +70,19 @@ class HelpAndUsageTest(CkptTestCase):
         self.assertIn("--dry-run", r.stderr)
         r = run("convert", "--dtype", "bf17", p, "-o", self.path("x.pt"), expect=2)
         self.assertIn("bf16", r.stderr)
+        self.assertNotIn("did you mean", r.stderr)  # a bad value: its option is not misspelt
         self.assertFalse(os.path.exists(self.path("x.pt")))
+        # A misspelt required option is named as such, not as the option missing.
+        r = run("convert", "--dtpye", "bf16", p, "-o", self.path("x.pt"), expect=2)
+        self.assertIn("unknown option --dtpye (did you mean --dtype?)", r.stderr)
+        self.assertNotIn("required", r.stderr)
+        r = run("export", p, "--to", self.path("e"), "--strip-prefx", "module.", expect=2)
+        self.assertIn("unknown option --strip-prefx (did you mean --strip-prefix?)", r.stderr)
+        # -o with two inputs is a usage error, as every other one.
+        r = run("convert", "--dtype", "bf16", p, p, "-o", self.path("x.pt"), expect=2)
+        self.assertIn("give exactly one input file", r.stderr)
+        self.assertFalse(os.path.exists(self.path("x.pt")))
+        self.assertFalse(os.path.exists(self.path("e")))
 
     def test_sizes_need_a_unit(self):
         p = self.path("m.pt")

@@ -398,6 +398,22 @@ class LoadAsTorchLoad(TempDirTest):
                 back = torch.load(path, weights_only=True)
                 self.assertEqual(back["epoch"], 8)
                 self.assertTrue(torch.equal(back["model"]["0.weight"], sd["model"]["0.weight"]))
+        # safetensors: load, edit, save_file to the same path.
+        from safetensors.torch import load_file, save_file
+        path = self.path("model.safetensors")
+        save_file({"w": torch.arange(8.0), "b": torch.ones(2)}, path)
+        sd = ckptool.load(path)
+        sd["w"].mul_(2)
+        save_file(sd, path)
+        self.assertTrue(torch.equal(load_file(path)["w"], torch.arange(8.0) * 2))
+        # A .ckz archive: what it holds, edited, saved over the archive's name.
+        path = self.path("ck2.pt")
+        torch.save(training_state(), path)
+        run("compress", "--rm", path)
+        sd = ckptool.load(path + ".ckz")
+        sd["epoch"] = 9
+        torch.save(sd, path + ".ckz")
+        self.assertEqual(torch.load(path + ".ckz", weights_only=True)["epoch"], 9)
         # mmap=True maps copy-on-write, as torch.load(mmap=True) does.
         path = self.path("mapped.pt")
         torch.save({"w": torch.arange(4096.0)}, path)
@@ -478,6 +494,12 @@ class Jobs(TempDirTest):
         self.assertTrue(calls, "the progress callback was never called")
         with self.assertRaises(ckptool.UsageError):
             ckptool.convert(path, dtype="bf17", output_dir=out)
+        # A misspelt keyword is a TypeError, as for any Python function; nothing ran.
+        with self.assertRaises(TypeError) as e:
+            ckptool.convert(path, dtpye="bf16", output_dir=self.path("never"))
+        self.assertIn("unexpected keyword argument 'dtpye' (did you mean 'dtype'?)",
+                      str(e.exception))
+        self.assertFalse(os.path.exists(self.path("never")))
         with self.assertRaises(ckptool.JobFailed) as e:
             ckptool.convert(path, dtype="bf16", output_dir=out)  # exists: needs force
         self.assertIn("force", str(e.exception))

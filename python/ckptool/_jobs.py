@@ -155,17 +155,27 @@ def _make(command: str, what: str) -> Callable[..., Result]:
     return job
 
 
-inspect = _make("inspect", "Account for every byte of checkpoints: tensors, storages, globals.")
-verify = _make("verify", "Check CRCs, structure, views and pickle safety; result.ok is False "
-               "on any problem.")
-shrink = _make("shrink", "Drop storage bytes no tensor uses (in place, or to output_dir).")
-convert = _make("convert", "Store float32 tensors as bf16 or fp16 (training state kept).")
-strip = _make("strip", "Remove optimizer, scheduler and RNG state (or drop=[paths]).")
-export = _make("export", "Write a checkpoint's model as safetensors (or a torch file).")
-compress = _make("compress", "Lossless tensor-aware archive: PATH -> PATH.ckz.")
-decompress = _make("decompress", "Restore a .ckz archive bit for bit.")
-prune = _make("prune", "Retention policy for a folder of checkpoints (dry run unless yes=True).")
-apply = _make("apply", "Run the team's policy (ckptool.toml) once over a folder.")
+# The commands and their help come from the CLI's own table (cli/command_table.h); `watch`
+# runs until it is stopped, so it is no job here (the trainer integrations apply the policy as
+# checkpoints land).
+_COMMANDS = dict(_core.commands())
+_NOT_JOBS = {"watch"}
+
+
+def _job(command: str, more: str = "") -> Callable[..., Result]:
+    return _make(command, _COMMANDS[command] + (". " + more if more else "."))
+
+
+inspect = _job("inspect")
+verify = _job("verify", "result.ok is False on any problem")
+shrink = _job("shrink")
+convert = _job("convert", "Training state is kept")
+strip = _job("strip")
+export = _job("export")
+compress = _job("compress")
+decompress = _job("decompress")
+prune = _job("prune", "A dry run unless yes=True")
+apply = _job("apply")
 
 __all__ = ["run", "Result", "CheckpointWarning", "inspect", "verify", "shrink", "convert",
            "strip", "export", "compress", "decompress", "prune", "apply", "CheckpointError"]

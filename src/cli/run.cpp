@@ -14,6 +14,7 @@
 #include "base/names.h"
 #include "base/perf.h"
 #include "base/utf8.h"
+#include "cli/command_table.h"
 #include "cli/commands.h"
 #include "cli/run.h"
 #include "cluster/steps.h"
@@ -104,17 +105,6 @@ std::string VersionText() {
   return std::string("ckptool " CKPT_VERSION "\nMPI: ") + mpi;
 }
 
-// Commands that share their work between the ranks of an MPI job themselves; every other
-// command runs on rank 0 alone while the others wait for its exit code (prune decides what
-// to delete, apply and watch act on one folder's state, inspect prints one report).
-bool SpreadsOverRanks(const std::string& command) {
-  for (const char* c :
-       {"shrink", "strip", "convert", "verify", "compress", "decompress", "export"}) {
-    if (command == c) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 // The command the arguments name: the first one that is not an option ("" when none).
@@ -128,10 +118,9 @@ std::string CommandOf(int argc, char** argv) {
 
 // Commands that write nothing: they may run in every process of a launch (WORLD_SIZE).
 bool WritesNothing(const std::string& command) {
-  for (const char* c : {"inspect", "verify", "help", "version", ""}) {
-    if (command == c) return true;
-  }
-  return false;
+  if (command.empty() || command == "help" || command == "version") return true;
+  const CommandInfo* c = FindCommand(command);
+  return c && c->writes_nothing;
 }
 
 namespace {
@@ -199,31 +188,10 @@ int RunCommandLine(int argc, char** argv) {
     ckpt::cli::Runner run;
   };
   std::vector<Command> commands;
-  auto add = [&](const char* name, const char* help, ckpt::cli::Runner (*reg)(CLI::App&)) {
-    CLI::App* sub = app.add_subcommand(name, help);
-    commands.push_back({sub, reg(*sub)});
-  };
-  add("inspect", "Account for every byte of checkpoints: tensors, storages, waste, globals",
-      ckpt::cli::AddInspect);
-  add("verify", "Check CRCs, structure and views; exit 1 on any problem", ckpt::cli::AddVerify);
-  add("shrink", "Drop storage bytes no tensor uses; rewrite safely in place or to --output-dir",
-      ckpt::cli::AddShrink);
-  add("convert",
-      "Store float32 tensors as bf16 or fp16 (torch and safetensors files, model folders)",
-      ckpt::cli::AddConvert);
-  add("export", "Write a checkpoint's tensors as safetensors (optionally bf16/fp16, sharded)",
-      ckpt::cli::AddExport);
-  add("strip", "Remove optimizer/scheduler/RNG state (or --drop paths) from checkpoints",
-      ckpt::cli::AddStrip);
-  add("prune", "Retention policy for a folder of checkpoints (dry run unless --yes)",
-      ckpt::cli::AddPrune);
-  add("compress", "Lossless tensor-aware archive of files or folders (PATH -> PATH.ckz)",
-      ckpt::cli::AddCompress);
-  add("decompress", "Restore a .ckz archive bit for bit (X.ckz -> X)", ckpt::cli::AddDecompress);
-  add("apply", "Run the team's policy (ckptool.toml) once over every complete checkpoint",
-      ckpt::cli::AddApply);
-  add("watch", "Run the policy on each checkpoint as it completes, beside training",
-      ckpt::cli::AddWatch);
+  for (const CommandInfo& info : Commands()) {
+    CLI::App* sub = app.add_subcommand(info.name, info.help);
+    commands.push_back({sub, info.add(*sub)});
+  }
   app.footer(
       "ckptool help COMMAND: a command's options. ckptool version: the version.\n"
       "Exit codes: 0 success, 1 a problem found or a job failed, 2 a usage error, 130 "
@@ -292,7 +260,7 @@ int RunCommandLine(int argc, char** argv) {
   try {
     for (const Command& c : commands) {
       if (!c.app->parsed()) continue;
-      if (!ckpt::cluster::IsRoot() && !SpreadsOverRanks(c.app->get_name())) return 0;
+      if (!ckpt::cluster::IsRoot() && !FindCommand(c.app->get_name())->spreads_over_ranks) return 0;
       int rc;
       {
         ckpt::PerfTimer timer(c.app->get_name().c_str());

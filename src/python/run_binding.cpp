@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "cli/command_table.h"
 #include "cli/progress.h"
 #include "cli/run.h"
 #include "cluster/steps.h"
@@ -76,6 +77,15 @@ void FlushAll() {
 }  // namespace
 
 void BindRun(py::module_& m) {
+  m.def(
+      "commands",
+      [] {
+        py::list out;
+        for (const cli::CommandInfo& c : cli::Commands())
+          out.append(py::make_tuple(c.name, c.help));
+        return out;
+      },
+      "Every ckptool command as (name, one-line help), from the CLI's own table.");
   m.def(
       "run",
       [](const std::vector<std::string>& args, py::object progress) {

@@ -509,6 +509,18 @@ class Jobs(TempDirTest):
         v = ckptool.verify(bad)
         self.assertFalse(v.ok)
         self.assertIn("--output-dir", ckptool.shrink.__doc__)
+        # One table of commands: the CLI's is the package's (every command a job, bar watch,
+        # which runs until stopped), and the stubs declare each.
+        from ckptool import _core, _jobs
+        names = {n for n, _ in _core.commands()} - _jobs._NOT_JOBS
+        self.assertEqual(names, {n for n in _jobs.__all__ if callable(getattr(_jobs, n))
+                                 and getattr(_jobs, n).__name__ in names})
+        for n in names:
+            self.assertTrue(callable(getattr(ckptool, n)), n)
+        with open(os.path.join(PACKAGE, "ckptool", "__init__.pyi")) as f:
+            stubs = f.read()
+        for n in names:
+            self.assertIn(f"def {n}(", stubs)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ options (output_dir="x" is --output-dir x, force=True is --force, patterns=["a",
 --patterns a b); the result is its --json report."""
 from __future__ import annotations
 
+import difflib
+import inspect as _inspect
 import json
 import os
 import re
@@ -140,18 +142,70 @@ def _help(command: str) -> str:
     return out.decode("utf-8", "replace") if rc == 0 else ""
 
 
+# What a keyword argument of each kind of option takes (the stubs say the same).
+_ANNOTATIONS = {"flag": "bool", "multi": "Sequence[Union[str, os.PathLike[str]]]",
+                "int": "int", "float": "float", "str": "Union[str, os.PathLike[str]]"}
+
+
+def _kind(option: dict) -> str:
+    if option["flag"]:
+        return "flag"
+    if option["multi"]:
+        return "multi"
+    t = option["type"].split(":")[0].strip()
+    if t in ("INT", "UINT"):
+        return "int"
+    if t == "FLOAT":
+        return "float"
+    return "str"
+
+
+def _options(command: str) -> List[dict]:
+    """The keyword arguments of a job: the command's options, each under its every long name
+    (export's output= and to=); its JSON report is the Result, so --json is always given."""
+    out, seen = [], set()
+    for o in _core.command_options(command):
+        for name in o["names"]:  # --checkpoint_dir and --checkpoint-dir are one keyword
+            if name != "json" and name not in seen:
+                seen.add(name)
+                out.append(dict(o, name=name))
+    return out
+
+
+def _signature(command: str) -> _inspect.Signature:
+    P = _inspect.Parameter
+    params = [P("paths", P.VAR_POSITIONAL, annotation="Union[str, os.PathLike[str]]"),
+              P("progress", P.KEYWORD_ONLY, default=None,
+                annotation="Optional[ProgressCallback]")]
+    for o in _options(command):
+        params.append(P(o["name"], P.KEYWORD_ONLY, default=None,
+                        annotation=f"Optional[{_ANNOTATIONS[_kind(o)]}]"))
+    return _inspect.Signature(params, return_annotation="Result")
+
+
 def _make(command: str, what: str) -> Callable[..., Result]:
+    sig = _signature(command)
+    known = [p for p in sig.parameters if p != "paths"]
+
     def job(*paths: Any, progress: Optional[ProgressCallback] = None, **options: Any) -> Result:
+        for key in options:
+            if key not in sig.parameters or key == "paths":
+                near = difflib.get_close_matches(key, known, n=1)
+                raise TypeError(f"ckptool.{command}() got an unexpected keyword argument "
+                                f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
         return run(command, *paths, progress=progress, **options)
 
     job.__name__ = job.__qualname__ = command
+    job.__signature__ = sig  # help(), inspect and IDEs show the command's own options
+    lines = [f"  {o['name']}: {o['help']}" for o in _options(command)]
     job.__doc__ = (
-        f"{what}\n\nckptool.{command}(*paths, progress=None, **options) runs `ckptool "
-        f"{command}` in this process: keyword arguments are its options (output_dir='x' is "
-        f"--output-dir x, force=True is --force, a list gives several values); `progress`, "
-        f"if given, is called as progress(label, files_done, bytes_done, bytes_total) while "
-        f"it runs. Returns a ckptool.Result (its JSON report); raises ckptool.UsageError or "
-        f"ckptool.JobFailed.\n\nThe command's options:\n\n{_help(command)}")
+        f"{what}\n\nRuns `ckptool {command}` in this process: each keyword argument is the "
+        f"option of the same name (output_dir='x' is --output-dir x, force=True is --force, a "
+        f"list gives several values); `progress`, if given, is called as progress(label, "
+        f"files_done, bytes_done, bytes_total) while it runs. Returns a ckptool.Result (its "
+        f"JSON report); raises ckptool.UsageError or ckptool.JobFailed, and TypeError for a "
+        f"keyword the command does not have.\n\nKeyword arguments:\n" + "\n".join(lines) +
+        f"\n\nThe command line's help:\n\n{_help(command)}")
     return job
 
 
@@ -176,6 +230,8 @@ compress = _job("compress")
 decompress = _job("decompress")
 prune = _job("prune", "A dry run unless yes=True")
 apply = _job("apply")
+
+JOBS = [n for n, _ in _core.commands() if n not in _NOT_JOBS]  # in the CLI's order
 
 __all__ = ["run", "Result", "CheckpointWarning", "inspect", "verify", "shrink", "convert",
            "strip", "export", "compress", "decompress", "prune", "apply", "CheckpointError"]

@@ -87,6 +87,40 @@ void BindRun(py::module_& m) {
       },
       "Every ckptool command as (name, one-line help), from the CLI's own table.");
   m.def(
+      "command_options",
+      [](const std::string& name) {
+        const cli::CommandInfo* info = cli::FindCommand(name);
+        if (!info) throw py::value_error("no ckptool command '" + name + "'");
+        CLI::App app;
+        cli::Runner unused = info->add(app);
+        py::list out;
+        for (const CLI::Option* o : app.get_options()) {
+          if (o->get_lnames().empty()) continue;  // positionals (the paths) and -h
+          if (o->get_lnames().front() == "help") continue;
+          py::list names;  // --output, --to: either keyword
+          for (std::string key : o->get_lnames()) {
+            for (char& ch : key) ch = ch == '-' ? '_' : ch;
+            names.append(key);
+          }
+          py::dict d;
+          d["name"] = names[0];
+          d["names"] = names;
+          d["flag"] = o->get_type_size_max() == 0 || o->get_items_expected_max() == 0;
+          d["multi"] = o->get_items_expected_max() > 1 ||
+                       o->get_multi_option_policy() == CLI::MultiOptionPolicy::TakeAll;
+          d["type"] = o->get_type_name();
+          d["required"] = o->get_required();
+          d["help"] = o->get_description();
+          d["default"] = o->get_default_str();
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("name"),
+      "The options of a ckptool command, as its command line declares them: name (the keyword "
+      "argument), names (it and its aliases), flag, multi (takes several values), type, "
+      "required, help, default.");
+  m.def(
       "run",
       [](const std::vector<std::string>& args, py::object progress) {
         static std::mutex one_at_a_time;

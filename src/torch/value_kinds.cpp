@@ -538,6 +538,83 @@ std::string ValueKinds::JudgeCall(NodeId id) {
   return "";
 }
 
+// The states numpy's dtype.__reduce__ writes (numpy/_core/src/multiarray/descriptor.c,
+// arraydescr_reduce) for the dtypes of plain arrays, given the name the call passed:
+//   builtin types ('i4', 'f8', 'b1', 'c16'):  (3, order, None, None, None, -1, -1, 0)
+//   objects ('O8'):                             (3, '|', None, None, None, -1, -1, 63)
+//   bytes, void ('S2', 'V12'):                  (3, '|', None, None, None, N, 1, 0)
+//   str ('U3'):                                 (3, order, None, None, None, 4N, 4, 8)
+//   datetime, timedelta ('M8', 'm8'):           (4, order, None, None, None, -1, -1, 0,
+//                                                (None, (unit bytes, num, 1, 1)))
+// Structured and subarray dtypes, whose states carry sizes and offsets that __setstate__ takes
+// as given, and any other combination, are refused: the semantic oracle's numpy segfaulted on
+// a crafted state.
+bool ValueKinds::PlainDtypeState(NodeId call, NodeId s) const {
+  if (g_.kind(s) != Kind::kTuple || g_.ArgCount(call) < 1) return false;
+  NodeId name_node = g_.Arg(call, 0);
+  if (g_.kind(name_node) != Kind::kStr) return false;
+  std::string_view name = g_.text(name_node);
+  auto it = g_.items(s);
+  auto is_int = [&](NodeId n, int64_t v) {
+    return g_.kind(n) == Kind::kInt && g_.at(n).integer == v;
+  };
+  auto none = [&](size_t i) { return g_.kind(it[i]) == Kind::kNone; };
+  if (it.size() < 8 || !none(2) || !none(3) || !none(4)) return false;
+  std::string_view order = g_.kind(it[1]) == Kind::kStr ? g_.text(it[1]) : std::string_view();
+  if (order.size() != 1 || std::string_view("<>|=").find(order[0]) == std::string_view::npos)
+    return false;
+  auto sized = [&](int64_t elsize, int64_t align, int64_t flags) {
+    return it.size() == 8 && is_int(it[0], 3) && is_int(it[5], elsize) && is_int(it[6], align) &&
+           is_int(it[7], flags);
+  };
+  if (name.empty()) return false;
+  char type = name[0];
+  std::string_view digits = name.substr(1);
+  int64_t n = 0;
+  bool number = !digits.empty() && digits.size() <= 9 &&
+                digits.find_first_not_of("0123456789") == std::string_view::npos;
+  if (number) {
+    for (char c : digits) n = n * 10 + (c - '0');
+  }
+  if (name == "M8" || name == "m8") {
+    if (it.size() != 9 || !is_int(it[0], 4) || !is_int(it[5], -1) || !is_int(it[6], -1) ||
+        !is_int(it[7], 0) || g_.kind(it[8]) != Kind::kTuple)
+      return false;
+    auto meta = g_.items(it[8]);
+    if (meta.size() != 2 || g_.kind(meta[0]) != Kind::kNone || g_.kind(meta[1]) != Kind::kTuple)
+      return false;
+    auto unit = g_.items(meta[1]);
+    // The unit's bytes: BINBYTES, or _codecs.encode(str, 'latin1') in protocol 2.
+    auto short_bytes = [&](NodeId b) {
+      if (g_.kind(b) == Kind::kBytes) return g_.text(b).size() <= 2;
+      if (!g_.IsCallOf(b, "_codecs", "encode") || g_.ArgCount(b) < 1) return false;
+      NodeId t = g_.Arg(b, 0);
+      return g_.kind(t) == Kind::kStr && g_.text(t).size() <= 2;
+    };
+    return unit.size() == 4 && !unit.empty() && short_bytes(unit[0]) &&
+           g_.kind(unit[1]) == Kind::kInt && g_.at(unit[1]).integer >= 1 &&
+           g_.at(unit[1]).integer <= (1 << 20) && is_int(unit[2], 1) && is_int(unit[3], 1);
+  }
+  if (!number) return false;
+  switch (type) {
+    case 'b':
+    case 'i':
+    case 'u':
+    case 'f':
+    case 'c':
+      return sized(-1, -1, 0);
+    case 'O':
+      return order == "|" && sized(-1, -1, 63);
+    case 'S':
+    case 'V':
+      return order == "|" && n > 0 && sized(n, 1, 0);
+    case 'U':
+      return n > 0 && sized(4 * n, 4, 8);
+    default:
+      return false;
+  }
+}
+
 std::string ValueKinds::JudgeApplied(NodeId id) {
   auto states = g_.states(id);
   bool applied = !states.empty() || !g_.items(id).empty() || !g_.pairs(id).empty();
@@ -580,6 +657,12 @@ std::string ValueKinds::JudgeApplied(NodeId id) {
     }
     return "";
   };
+  if (maker != kNil && Name(maker) == "numpy.dtype" && !PlainDtypeState(id, s)) {
+    return fmt::format(
+        "BUILD gives what {} made a state numpy writes for no plain dtype: dtype.__setstate__ "
+        "trusts its fields (sizes, byte order, fields), and a crafted state crashed Python",
+        made);
+  }
   if (g_.kind(s) == Kind::kTuple && g_.items(s).size() == 2) {
     for (NodeId part : g_.items(s)) {
       if (std::string why = check_keys(part); !why.empty()) return why;

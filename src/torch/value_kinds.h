@@ -108,6 +108,7 @@ class ValueKinds {
   };
   const GlobalInfo& Info(pickle::NodeId global);
   std::string Name(pickle::NodeId global) const;
+  bool PlainDtypeState(pickle::NodeId call, pickle::NodeId state) const;
   std::string WhatIs(pickle::NodeId id) const;  // names what made a node impure
   void Refuse(pickle::NodeId id, std::string why, std::string called = "");
 

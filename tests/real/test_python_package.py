@@ -521,6 +521,19 @@ class Jobs(TempDirTest):
             stubs = f.read()
         for n in names:
             self.assertIn(f"def {n}(", stubs)
+        # The stubs are generated from the commands' options (scripts/gen-stubs), and say what
+        # the functions take: keyword-only arguments, one per option.
+        from ckptool import _stubs
+        self.assertEqual(_stubs.replace_in(stubs), stubs, "run scripts/gen-stubs")
+        import inspect as pyinspect
+        sig = pyinspect.signature(ckptool.convert)
+        self.assertEqual(sig.parameters["dtype"].kind, pyinspect.Parameter.KEYWORD_ONLY)
+        self.assertIn("output_dir", sig.parameters)
+        self.assertNotIn("json", sig.parameters)
+        self.assertIn("dtype:", ckptool.convert.__doc__)
+        with self.assertRaises(TypeError) as e:
+            ckptool.export(path, to=self.path("never"), strip_prefx=["module."])
+        self.assertIn("(did you mean 'strip_prefix'?)", str(e.exception))
 
 
 if __name__ == "__main__":

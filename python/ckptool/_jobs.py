@@ -84,7 +84,8 @@ def _report(stdout: str) -> Any:
             return None
 
 
-_REPORTS_PROBLEMS = {"verify", "inspect"}  # exit 1 means "found problems": a result
+# Exit 1 means "found problems" (latest: "found none"): a result, not an error.
+_REPORTS_PROBLEMS = {"verify", "inspect", "latest"}
 
 
 def run(command: str, *paths: Any, progress: Optional[ProgressCallback] = None,
@@ -213,7 +214,7 @@ def _make(command: str, what: str) -> Callable[..., Result]:
 # runs until it is stopped, so it is no job here (the trainer integrations apply the policy as
 # checkpoints land).
 _COMMANDS = dict(_core.commands())
-_NOT_JOBS = {"watch"}
+_NOT_JOBS = {"watch", "latest"}  # latest: a function of its own, below
 
 
 def _job(command: str, more: str = "") -> Callable[..., Result]:
@@ -233,5 +234,17 @@ apply = _job("apply")
 
 JOBS = [n for n, _ in _core.commands() if n not in _NOT_JOBS]  # in the CLI's order
 
-__all__ = ["run", "Result", "CheckpointWarning", "inspect", "verify", "shrink", "convert",
-           "strip", "export", "compress", "decompress", "prune", "apply", "CheckpointError"]
+
+def latest(root: Any, *, threads: Optional[int] = None) -> Optional[str]:
+    """The path of the newest checkpoint under `root` (by the step in its name) that is complete
+    and verifies, or None when there is none: `ckptool latest ROOT`. Why newer ones were passed
+    over: ckptool.run("latest", root).report["skipped"]. Resume from it:
+
+        trainer.train(resume_from_checkpoint=ckptool.latest("out"))        # transformers
+        trainer.fit(model, ckpt_path=ckptool.latest("checkpoints"))        # Lightning
+    """
+    return run("latest", root, threads=threads).report["latest"]
+
+__all__ = ["run", "Result", "CheckpointWarning", "latest", "inspect", "verify", "shrink",
+           "convert", "strip", "export", "compress", "decompress", "prune", "apply",
+           "CheckpointError"]

@@ -6,7 +6,9 @@ the Trainer's output_dir after every save, after the Trainer's own rotation.
 
 The Trainer's save_total_limit counts checkpoint folders only: a checkpoint the policy
 compressed (checkpoint-500.ckz) is a file it neither counts nor deletes. Rotate with the
-policy's [retention] instead (save_total_limit=None); the callback warns otherwise.
+policy's [retention] instead (save_total_limit=None); the callback warns otherwise. Resume
+from the newest checkpoint that is complete and intact:
+trainer.train(resume_from_checkpoint=ckptool.latest(args.output_dir)).
 
 What the Trainer still needs is left as it is until training ends: with
 load_best_model_at_end, the checkpoint trainer_state.json names as best is held (kept, no

@@ -6,7 +6,9 @@ through ckptool.load, which never runs the pickle.
     trainer = L.Trainer(plugins=[CkptoolCheckpointIO(policy="ckptool.toml")], ...)
 
 With a [retention] table in the policy, give ModelCheckpoint save_top_k=-1 and let the policy
-rotate; a checkpoint the policy compressed (NAME.ckpt.ckz) still loads by its name."""
+rotate; a checkpoint the policy compressed (NAME.ckpt.ckz) still loads by its name. Resume from
+the newest checkpoint that is complete and intact: trainer.fit(model,
+ckpt_path=ckptool.latest(dirpath))."""
 from __future__ import annotations
 
 import os

@@ -26,6 +26,8 @@ constexpr CommandInfo kCommands[] = {
      false, false},
     {"watch", "Run the policy on each checkpoint as it completes, beside training", AddWatch, false,
      false},
+    {"latest", "Print the newest checkpoint under a folder that is complete and verifies",
+     AddLatest, false, true},
 };
 
 }  // namespace

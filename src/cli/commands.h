@@ -25,6 +25,7 @@ Runner AddCompress(CLI::App& app);
 Runner AddDecompress(CLI::App& app);
 Runner AddApply(CLI::App& app);
 Runner AddWatch(CLI::App& app);
+Runner AddLatest(CLI::App& app);
 
 // Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
 // values that name an existing file or folder are moved back to `paths`.

@@ -1,7 +1,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>

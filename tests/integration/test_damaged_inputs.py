@@ -144,6 +144,35 @@ class DamagedInputTest(CkptTestCase):
         self.assertIn("step_30.pt: damaged", r.stderr)
         self.assertEqual(sorted(os.listdir(root)), ["step_20.pt", "step_30.pt"])
 
+    def test_latest_names_the_newest_complete_and_intact_checkpoint(self):
+        root = self.path("run")
+        os.makedirs(root)
+        for step in (5, 10):
+            torch.save({"w": torch.randn(10), "step": step}, os.path.join(root, f"step_{step}.pt"))
+        damaged_zip(os.path.join(root, f"step_{20}.pt"))
+        # An HF Trainer checkpoint whose trainer_state.json is not written yet: incomplete.
+        os.makedirs(os.path.join(root, "checkpoint-30"))
+        torch.save({"w": torch.randn(10)}, os.path.join(root, "checkpoint-30", "pytorch_model.bin"))
+        r = run("latest", root)
+        self.assertEqual(r.stdout.strip(), os.path.join(root, "step_10.pt"))
+        self.assertIn("skipped checkpoint-30: incomplete: trainer_state.json", r.stderr)
+        self.assertIn("skipped step_20.pt: damaged: step_20/data/0: CRC32 mismatch", r.stderr)
+        doc = json.loads(run("latest", root, "--json").stdout)
+        self.assertEqual(doc["latest"], os.path.join(root, "step_10.pt"))
+        self.assertEqual(doc["step"], 10)
+        self.assertEqual(doc["checkpoints"], 4)
+        self.assertEqual([s["name"] for s in doc["skipped"]], ["checkpoint-30", "step_20.pt"])
+        # None left: exit 1, said; a folder without checkpoints likewise.
+        for name in ("step_5.pt", "step_10.pt"):
+            damaged_zip(os.path.join(root, name))
+        r = run("latest", root, expect=1)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("none of its 4 checkpoints is complete and intact", r.stderr)
+        self.assertIsNone(json.loads(run("latest", root, "--json", expect=1).stdout)["latest"])
+        empty = self.path("empty")
+        os.makedirs(empty)
+        self.assertIn("no checkpoints", run("latest", empty, expect=1).stderr)
+
     def test_an_intact_file_is_rewritten(self):
         src = self.path("intact.pt")
         torch.save({"w": torch.arange(1000.0)[:10]}, src)

@@ -22,7 +22,7 @@ from transformers import GPT2LMHeadModel  # noqa: E402
 from real_common import (apply, assert_converted, assert_same_object, inspect_one, raw,  # noqa: E402
                          read_json, read_source, sha256, torch_load, tree, walk_tensors,
                          write_policy)
-from stacklib import TempDirTest, fixture, run, run_json  # noqa: E402
+from stacklib import PACKAGE, TempDirTest, fixture, run, run_json  # noqa: E402
 
 FIXTURE = read_source("real_hf_train.py") + """
 import sys
@@ -87,6 +87,22 @@ class HFTrainerTest(TempDirTest):
         run("export", self.ck6, "-o", out, "--force")
         with open(os.path.join(self.ck6, "config.json"), "rb") as a, open(os.path.join(out, "config.json"), "rb") as b:
             self.assertEqual(a.read(), b.read())
+
+    def test_latest_skips_a_damaged_checkpoint_and_resumes_exactly(self):
+        """The newest checkpoint's weights cut short (a crash while copying, a full disk):
+        ckptool.latest names the one before, and resuming from it gives the run's own losses."""
+        sys.path.insert(0, PACKAGE)
+        import ckptool
+        run_dir = self.copy_run()
+        self.assertEqual(ckptool.latest(run_dir), os.path.join(run_dir, "checkpoint-9"))
+        shard = os.path.join(run_dir, "checkpoint-9", "model.safetensors")
+        os.truncate(shard, os.path.getsize(shard) - 4096)
+        got = ckptool.latest(run_dir)
+        self.assertEqual(got, os.path.join(run_dir, "checkpoint-6"))
+        skipped = ckptool.run("latest", run_dir).report["skipped"]
+        self.assertEqual([s["name"] for s in skipped], ["checkpoint-9"])
+        self.assertIn("model.safetensors", skipped[0]["reason"])
+        self.assertResumesExactly(got, "latest")
 
     # -- the premise -------------------------------------------------------------------------
 

@@ -85,6 +85,10 @@ Runner AddPrune(CLI::App& app) {
       ->excludes(yes);
   app.add_flag("--json", o->json, "Print a JSON report");
   app.add_flag("-q,--quiet", o->quiet, "Print only errors");
+  app.add_flag("--checksums", o->p.checksums,
+               "Also read every byte of the checkpoints that would count among the newest N "
+               "against its CRC32 (without it: their structure, which a cut or missing file "
+               "fails)");
   app.add_option("-j,--threads", o->p.threads, "Threads for verifying and --strip-older")
       ->default_val(DefaultThreads());
   return [o] { return RunPrune(*o); };

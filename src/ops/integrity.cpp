@@ -10,7 +10,7 @@
 
 namespace ckpt {
 
-std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads) {
+std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads, bool checksums) {
   std::vector<torch::Problem> damage;
   std::vector<Located> items = Locate({path});
   // Trusting every module: what a pickle imports is not damage, and no pickle runs either way.
@@ -22,7 +22,7 @@ std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads
       // checkpoints; a broken zip still counts as one.)
       if (item.kind == Container::kFile && !DetectFormat(MappedFile::Open(item.path).bytes()))
         continue;
-      VerifyOutcome v = VerifyLocated(item, threads, trust);
+      VerifyOutcome v = VerifyLocated(item, threads, trust, checksums);
       for (torch::Problem& p : v.problems) {
         if (p.unsafe) continue;
         p.where = p.where.empty() ? item.path : fmt::format("{}: {}", item.path, p.where);

@@ -21,7 +21,11 @@ namespace ckpt {
 // model, ZeRO or DCP folder, or a .ckz archive), each named "checkpoint path: where". A
 // checkpoint that cannot be opened at all is one problem with its error. A folder holding no
 // checkpoint has none. Reads every byte a checksum covers (`threads` at a time).
-std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads);
+// `checksums` false: structure only (sizes, headers, directories, ranks, chunks), without the
+// pass that reads every byte of a torch file for its CRC32s: catches what a cut or missing file
+// does, not a flipped bit.
+std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads,
+                                       bool checksums = true);
 
 // "where: what" of the first damage ("; N problems in all" when there are more), its place
 // named below `path`: for the reports of the folders that hold the checkpoints.

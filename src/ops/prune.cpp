@@ -243,8 +243,8 @@ int64_t StepFromName(const std::string& name_arg) {
 
 namespace {
 
-bool IntactForPrune(const std::string& path, unsigned threads, std::string* why) {
-  std::vector<torch::Problem> damage = FindDamage(path, threads);
+bool IntactForPrune(const std::string& path, unsigned threads, bool checksums, std::string* why) {
+  std::vector<torch::Problem> damage = FindDamage(path, threads, checksums);
   if (damage.empty()) return true;
   *why = DescribeDamage(damage, path);
   return false;
@@ -338,7 +338,7 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
     if (newest_seen < o.keep_last) {
       std::string why;
       std::string path = (root / e.name).string();
-      bool ok = intact ? intact(path, &why) : IntactForPrune(path, o.threads, &why);
+      bool ok = intact ? intact(path, &why) : IntactForPrune(path, o.threads, o.checksums, &why);
       if (!ok) {
         e.keep = true;
         e.damaged = true;

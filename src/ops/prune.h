@@ -21,6 +21,9 @@ struct PruneOptions {
   uint64_t strip_older = 0;       // 0: off; else strip kept checkpoints older than the newest M
   bool yes = false;               // false: dry run
   unsigned threads = 1;
+  // The damage test of the checkpoints that would count: the structure of each (a cut file, a
+  // missing shard or rank), and with `checksums` every byte against its CRC32 too.
+  bool checksums = false;
 };
 
 struct PruneEntry {

@@ -21,7 +21,10 @@ struct VerifyResult {
   uint64_t bytes_checked = 0;  // bytes whose CRC32 was computed
 };
 
-VerifyResult Verify(const CheckpointFile& file, unsigned threads, const torch::Trust& trust = {});
+// `checksums` false: the structure alone (the zip directory, sizes, the pickle), without
+// reading every record for its CRC32.
+VerifyResult Verify(const CheckpointFile& file, unsigned threads, const torch::Trust& trust = {},
+                    bool checksums = true);
 
 // The CRC32 of every record of a torch zip against its directory: a problem per mismatch or
 // unreadable record, with records_checked and bytes_checked counted into `out`.
@@ -38,7 +41,9 @@ struct VerifyOutcome {
 // Verifies one located checkpoint (ops/discovery.h) of any kind: a file (its records' CRC32s,
 // structure and pickle), a ZeRO folder (its partitions add up), a DCP folder (chunks tile every
 // tensor), a .ckz archive (every chunk's checksum, then what it holds, as restored). Throws
-// ckpt::Error when the checkpoint cannot be read at all.
-VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust);
+// ckpt::Error when the checkpoint cannot be read at all. `checksums` false: the CRC32 pass over
+// the records of torch files is left out (the structure is read as always).
+VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust,
+                            bool checksums = true);
 
 }  // namespace ckpt

@@ -14,7 +14,8 @@
 
 namespace ckpt {
 
-VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust) {
+VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust,
+                            bool checksums) {
   const std::string& path = item.path;
   switch (item.kind) {
     case Container::kArchive: {
@@ -36,7 +37,7 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
       auto check = [&](const Located& inside) {
         std::string rel = view->Relative(inside.path);
         try {
-          VerifyOutcome v = VerifyLocated(inside, threads, trust);
+          VerifyOutcome v = VerifyLocated(inside, threads, trust, checksums);
           for (torch::Problem& p : v.problems) {
             p.where = p.where.empty() ? rel : fmt::format("{}: {}", rel, p.where);
             out.problems.push_back(std::move(p));
@@ -70,7 +71,7 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
     case Container::kModelFolder:  // (Locate walks folders into their files)
     case Container::kFile: {
       CheckpointFile f = OpenCheckpoint(path);
-      VerifyResult r = Verify(f, threads, trust);
+      VerifyResult r = Verify(f, threads, trust, checksums);
       std::string what = f.format == Format::kTorchZip
                              ? fmt::format("{} records, {} CRC-checked", r.records_checked,
                                            HumanBytes(r.bytes_checked))

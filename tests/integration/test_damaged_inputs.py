@@ -135,7 +135,11 @@ class DamagedInputTest(CkptTestCase):
         for step in (10, 20):
             torch.save({"w": torch.randn(10)}, os.path.join(root, f"step_{step}.pt"))
         damaged_zip(os.path.join(root, "step_30.pt"))
-        r = run("prune", root, "--keep-last", "1", "--yes", "--json")
+        # A flipped bit shows only to the CRC32s: --checksums reads them (the structure check,
+        # the default, does not read every byte).
+        dry = json.loads(run("prune", root, "--keep-last", "1", "--json").stdout)
+        self.assertFalse(any(e["damaged"] for e in dry["entries"]))
+        r = run("prune", root, "--keep-last", "1", "--yes", "--json", "--checksums")
         entries = {e["name"]: e for e in json.loads(r.stdout)["entries"]}
         self.assertTrue(entries["step_30.pt"]["damaged"])
         self.assertTrue(entries["step_30.pt"]["keep"])
@@ -143,6 +147,25 @@ class DamagedInputTest(CkptTestCase):
         self.assertFalse(entries["step_10.pt"]["keep"])
         self.assertIn("step_30.pt: damaged", r.stderr)
         self.assertEqual(sorted(os.listdir(root)), ["step_20.pt", "step_30.pt"])
+
+    def test_prune_checks_the_structure_by_default(self):
+        """A ZeRO checkpoint missing a rank's optimizer file is damaged by its structure alone:
+        prune keeps it, does not count it, and keeps the one before as the newest."""
+        from zero_fixtures import make_zero_checkpoint
+        root = self.path("ds")
+        for step in (10, 20, 30):
+            make_zero_checkpoint(root, 2, 2, tag=f"global_step{step}", seed=step)
+        optim = sorted(f for f in os.listdir(os.path.join(root, "global_step30"))
+                       if f.endswith("optim_states.pt"))
+        os.remove(os.path.join(root, "global_step30", optim[-1]))
+        r = run("prune", root, "--keep-last", "1", "--yes", "--json")
+        entries = {e["name"]: e for e in json.loads(r.stdout)["entries"]}
+        self.assertTrue(entries["global_step30"]["damaged"])
+        self.assertIn("partition_count says 2 ranks", entries["global_step30"]["reason"])
+        self.assertTrue(entries["global_step20"]["keep"])
+        self.assertFalse(entries["global_step10"]["keep"])
+        self.assertEqual(sorted(n for n in os.listdir(root) if n.startswith("global_step")),
+                         ["global_step20", "global_step30"])
 
     def test_latest_names_the_newest_complete_and_intact_checkpoint(self):
         root = self.path("run")

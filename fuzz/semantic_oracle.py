@@ -1471,7 +1471,13 @@ def _memo_keys(ops, upto):
 
 
 def _get(key):
-    return b"h" + bytes([key]) if key < 256 else b"j" + struct.pack("<I", key)
+    """The opcode that fetches memo `key`: BINGET, LONG_BINGET, or GET's decimal text for a key
+    PUT stored outside 32 bits."""
+    if 0 <= key < 256:
+        return b"h" + bytes([key])
+    if 0 <= key < 1 << 32:
+        return b"j" + struct.pack("<I", key)
+    return b"g" + str(key).encode() + b"\n"
 
 
 def mutate(data, max_size, seed):

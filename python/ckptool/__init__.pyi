@@ -167,6 +167,7 @@ def prune(
     yes: Optional[bool] = ...,
     dry_run: Optional[bool] = ...,
     quiet: Optional[bool] = ...,
+    checksums: Optional[bool] = ...,
     threads: Optional[int] = ...,
 ) -> Result: ...
 def compress(

@@ -625,6 +625,18 @@ std::string ValueKinds::JudgeApplied(NodeId id) {
     return fmt::format("applies BUILD, APPEND or SETITEM to what {} returned, which is no instance",
                        made);
   }
+  // On a tensor, _pickle.c's APPEND(S), ADDITEMS and SETITEM(S) call the tensor's own methods
+  // (append/extend/add/__setitem__), which dispatch on their arguments (reading
+  // __torch_function__ of each: the semantic oracle found Parameter().add(numpy.lib), a module's
+  // attribute read). torch.save never writes them on a tensor.
+  const bool tensor = (kind_[id] & kVTensor) ||
+                      (maker != kNil && InCallableSet(CallableSet::kTensorClasses, Name(maker)));
+  if (tensor && (!g_.items(id).empty() || !g_.pairs(id).empty())) {
+    return fmt::format(
+        "applies APPEND, ADDITEMS or SETITEM to the tensor {} made: the tensor's own methods "
+        "run on what the pickle gives them",
+        made);
+  }
   if (states.size() > 1) {
     return fmt::format(
         "BUILD twice on what {} made: the first state can plant a __setstate__ in the instance "

@@ -1,7 +1,10 @@
 """Every ckptool command as a function: the command line's own code runs in this process
 (ckptool._core.run), so options and behaviour are exactly the CLI's. Keyword arguments are its
 options (output_dir="x" is --output-dir x, force=True is --force, patterns=["a", "b"] is
---patterns a b); the result is its --json report."""
+--patterns a b); the result is its --json report. A job runs on a thread of its own with the GIL
+released (jobs in several threads run at once); what it says comes back in the Result and as
+warnings, never through the process's stdout or stderr; Ctrl-C stops it, removes what it had
+started to write and raises KeyboardInterrupt."""
 from __future__ import annotations
 
 import difflib
@@ -93,15 +96,11 @@ def run(command: str, *paths: Any, progress: Optional[ProgressCallback] = None,
     """Runs `ckptool COMMAND PATHS... --OPTIONS` in this process and returns its Result;
     raises UsageError (exit 2) or JobFailed (exit 1; verify and inspect return a Result with
     ok=False instead when they found problems)."""
-    rc, out, err = _core.run(_args(command, paths, options), progress)
+    rc, out, err, errs, warns = _core.run(_args(command, paths, options), progress)
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")
-    errors, warns = [], []
-    for line in stderr.splitlines():
-        if line.startswith("ckptool: error: "):
-            errors.append(line[len("ckptool: error: "):])
-        elif line.startswith("ckptool: warning: "):
-            warns.append(line[len("ckptool: warning: "):])
+    errors = [e.decode("utf-8", "replace") for e in errs]
+    warns = [w.decode("utf-8", "replace") for w in warns]
     for w in warns:
         warnings.warn(w, CheckpointWarning, stacklevel=3)
     report = _report(stdout)
@@ -139,7 +138,7 @@ def _unknown_keyword(command: str, errors: List[str], options: dict) -> Optional
 
 
 def _help(command: str) -> str:
-    rc, out, _ = _core.run(["help", command])
+    rc, out = _core.run(["help", command])[:2]
     return out.decode("utf-8", "replace") if rc == 0 else ""
 
 

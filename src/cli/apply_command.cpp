@@ -28,19 +28,18 @@ int RunCheck(const ApplyCliOptions& o, const policy::Policy& p) {
     j["valid"] = true;
     PrintJson(j);
   } else {
-    std::cout << Printable(fmt::format("{}: valid policy", p.file)) << "\n";
+    Out() << Printable(fmt::format("{}: valid policy", p.file)) << "\n";
     nlohmann::ordered_json d = p.Describe();
-    std::cout << fmt::format("  layout: {}\n", d["layout"].get<std::string>());
-    if (p.settle_seconds) std::cout << fmt::format("  settle_seconds: {:g}\n", *p.settle_seconds);
+    Out() << fmt::format("  layout: {}\n", d["layout"].get<std::string>());
+    if (p.settle_seconds) Out() << fmt::format("  settle_seconds: {:g}\n", *p.settle_seconds);
     if (p.retention) {
-      std::cout << fmt::format("  retention: keep_last {}, keep_every {}, keep {}\n",
-                               p.retention->keep_last, p.retention->keep_every,
-                               d["retention"]["keep"].dump());
+      Out() << fmt::format("  retention: keep_last {}, keep_every {}, keep {}\n",
+                           p.retention->keep_last, p.retention->keep_every,
+                           d["retention"]["keep"].dump());
     }
     for (const auto& s : d["steps"]) {
-      std::cout << Printable(
-                       fmt::format("  {}: {}", s["step"].get<std::string>(), s["options"].dump()))
-                << "\n";
+      Out() << Printable(fmt::format("  {}: {}", s["step"].get<std::string>(), s["options"].dump()))
+            << "\n";
     }
   }
   return 0;
@@ -71,9 +70,9 @@ int RunApply(const ApplyCliOptions& o) {
         {"event", "summary"},   {"dry_run", o.dry_run},         {"steps", r.steps_run},
         {"deleted", r.deleted}, {"failed", r.failures},         {"waiting", r.waiting},
         {"damaged", r.damaged}, {"bytes_freed", r.bytes_freed}, {"stopped", r.stopped}};
-    std::cout << j.dump() << std::endl;
+    Out() << j.dump() << std::endl;
   } else if (!o.p.quiet || r.failures) {
-    std::cout << fmt::format(
+    Out() << fmt::format(
         "{}{} {}, {} {}, {} waiting, {} failed{}; {} {}{}\n",
         o.dry_run    ? "Dry run: "
         : r.failures ? "Finished with failures: "
@@ -83,7 +82,7 @@ int RunApply(const ApplyCliOptions& o) {
         r.damaged ? fmt::format(" ({} damaged)", r.damaged) : "", verb, HumanBytes(r.bytes_freed),
         r.stopped ? " (stopped by a signal before the end: run again to finish)" : "");
     if (r.not_confirmed) {
-      std::cout << fmt::format(
+      Out() << fmt::format(
           "{} retention would delete, kept: deleting needs --yes, or delete = true in "
           "[retention]\n",
           Count(r.not_confirmed, "checkpoint"));

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/interrupt.h"
 #include "cli/commands.h"
 #include "cluster/partition.h"
 #include "cluster/steps.h"
@@ -143,6 +144,8 @@ std::vector<std::string> Batch::RunMine(const std::function<void(size_t)>& work)
   auto run = [&](size_t i) {
     try {
       work(i);
+    } catch (const Interrupted&) {
+      throw;  // the whole job stops
     } catch (const std::exception& e) {
       errors[i] = i < parallel_ ? NamingFile(files_[i], e.what()) : e.what();
     } catch (...) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/console.h"
+
 namespace ckpt::cli {
 
 using Runner = std::function<int()>;

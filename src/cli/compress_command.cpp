@@ -42,9 +42,9 @@ struct CompressCliOptions {
 // Results go to stdout, or to stderr when stdout carries the data (-c).
 void Say(bool to_stderr, const std::string& line) {
   if (to_stderr) {
-    std::fprintf(stderr, "%s\n", Printable(line).c_str());
+    Err() << Printable(line) << "\n";
   } else {
-    std::cout << Printable(line) << "\n";
+    Out() << Printable(line) << "\n";
   }
 }
 
@@ -91,7 +91,7 @@ bool RunPaths(const std::vector<std::string>& paths, Spread& spread, const char*
 // The JSON report goes to stdout, or to stderr when stdout carries the data (-c).
 void PrintDoc(const nlohmann::ordered_json& doc, bool to_stdout) {
   if (to_stdout) {
-    std::fprintf(stderr, "%s\n", doc.dump(1).c_str());
+    Err() << doc.dump(1) << "\n";
   } else {
     PrintJson(doc);
   }
@@ -113,6 +113,11 @@ int CheckCommon(const std::vector<std::string>& paths, const std::string& output
   }
   if (to_stdout && remove_input) {
     PrintError("--rm cannot be used with -c");
+    return 2;
+  }
+  if (to_stdout && Capturing()) {
+    // In-process (the Python package) the bytes would go to the program's own stdout.
+    PrintError("-c (stdout=True) writes to the process's standard output: give an output path");
     return 2;
   }
   return 0;
@@ -150,12 +155,11 @@ int RunCompress(const CompressCliOptions& o) {
   auto report = [&](const CompressResult& r) {
     before += r.before;
     after += r.after;
-    for (const std::string& w : r.warnings)
-      std::fprintf(stderr, "ckptool: warning: %s\n", Printable(w).c_str());
+    for (const std::string& w : r.warnings) PrintWarning(w);
     if (o.json) {
       doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
-      if (progress_on) std::fputs("\r\033[K", stderr);
+      if (progress_on) ClearProgressLine();
       Say(o.to_stdout,
           fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}{}", r.input, HumanBytes(r.before),
                       HumanBytes(r.after),
@@ -222,7 +226,7 @@ int RunDecompress(const DecompressCliOptions& o) {
     if (o.json) {
       doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
-      if (progress_on) std::fputs("\r\033[K", stderr);
+      if (progress_on) ClearProgressLine();
       Say(o.to_stdout,
           fmt::format("{}: {} -> {}, {}{}{}{}", r.input, HumanBytes(r.archive_bytes),
                       HumanBytes(r.restored_bytes), Count(r.files, "file"),

@@ -131,31 +131,30 @@ int RunConvert(ConvertCliOptions o) {
     storage_bytes[std::filesystem::path(r.output).filename().string()] = r.storage_bytes;
     before += r.before;
     after += r.after;
-    for (const std::string& w : r.warnings)
-      std::cerr << "ckptool: warning: " << Printable(r.path + ": " + w) << "\n";
+    for (const std::string& w : r.warnings) PrintWarning(r.path + ": " + w);
     if (o.json) {
       doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (!o.quiet) {
       if (r.converted == 0 && r.kept_float32 == 0) {
-        std::cout << Printable(fmt::format("{} -> {}: no float32 tensors; {} unchanged", r.path,
-                                           r.output, co.dry_run ? "would be copied" : "copied"))
-                  << "\n";
+        Out() << Printable(fmt::format("{} -> {}: no float32 tensors; {} unchanged", r.path,
+                                       r.output, co.dry_run ? "would be copied" : "copied"))
+              << "\n";
       } else {
-        std::cout << Printable(fmt::format(
-                         "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
-                         HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
-                         co.dry_run ? "would be converted" : "converted", r.kept_float32))
-                  << "\n";
+        Out() << Printable(fmt::format(
+                     "{} -> {}: {} -> {} ({} {}, {} float32 kept)", r.path, r.output,
+                     HumanBytes(r.before), HumanBytes(r.after), Count(r.converted, "tensor"),
+                     co.dry_run ? "would be converted" : "converted", r.kept_float32))
+              << "\n";
       }
       if (r.kept_training && !co.include_optimizer) {
-        std::cout << fmt::format(
+        Out() << fmt::format(
             "  kept as they are: {} of training state (optimizer, scheduler, RNG; "
             "--include-optimizer converts them)\n",
             Count(r.kept_training, "tensor"));
       }
-      for (const std::string& k : r.kept) std::cout << "  kept float32: " << Printable(k) << "\n";
+      for (const std::string& k : r.kept) Out() << "  kept float32: " << Printable(k) << "\n";
       for (const std::string& l : r.lost_precision)
-        std::cout << "  lost precision: " << Printable(l) << "\n";
+        Out() << "  lost precision: " << Printable(l) << "\n";
     }
   }
   if (co.dry_run) {
@@ -174,7 +173,7 @@ int RunConvert(ConvertCliOptions o) {
     try {
       uint64_t t = RewriteIndex(j, storage_bytes);
       if (!o.json && !o.quiet)
-        std::cout << fmt::format("{} -> {}: total_size {}\n", archives.Shown(j.input), j.output, t);
+        Out() << fmt::format("{} -> {}: total_size {}\n", archives.Shown(j.input), j.output, t);
     } catch (const Error& e) {
       PrintError(archives.Shown(e.what()));
       rc = 1;
@@ -187,10 +186,10 @@ int RunConvert(ConvertCliOptions o) {
     PrintJson(doc);
   } else if (rc != 0) {
     if (tree.checkpoints.size() > 1)
-      std::cerr << fmt::format("ckptool convert: {} of {} failed\n", Count(failed, "checkpoint"),
-                               tree.checkpoints.size());
+      Err() << fmt::format("ckptool convert: {} of {} failed\n", Count(failed, "checkpoint"),
+                           tree.checkpoints.size());
   } else if (!o.quiet) {
-    std::cout << fmt::format(
+    Out() << fmt::format(
         "{} {} {}: {} -> {}{}{}\n", co.dry_run ? "Dry run:" : "Done.",
         Count(tree.checkpoints.size(), "file"), co.dry_run ? "would be converted" : "converted",
         HumanBytes(before), HumanBytes(after),

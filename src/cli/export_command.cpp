@@ -140,7 +140,7 @@ int RunExport(const ExportCliOptions& o) {
   }
   if (place) r.files = place->Commit(r.files);
   if (!cluster::IsRoot()) return 0;  // rank 0 reports
-  for (const std::string& w : r.warnings) std::cerr << "ckptool: warning: " << Printable(w) << "\n";
+  for (const std::string& w : r.warnings) PrintWarning(w);
   if (o.json) {
     PrintJson(nlohmann::ordered_json(r));
     return 0;
@@ -149,16 +149,16 @@ int RunExport(const ExportCliOptions& o) {
   const std::string what =
       r.selected.empty() ? r.source : fmt::format("'{}' of {}", r.selected, r.source);
   if (o.dry_run) {
-    std::cout << fmt::format("Would export {} ({}) from {} to {} (dry run: nothing written)\n",
-                             Count(r.tensors, "tensor"), HumanBytes(r.bytes), what, o.to);
+    Out() << fmt::format("Would export {} ({}) from {} to {} (dry run: nothing written)\n",
+                         Count(r.tensors, "tensor"), HumanBytes(r.bytes), what, o.to);
     return 0;
   }
-  std::cout << fmt::format(
+  Out() << fmt::format(
       "Exported {} ({}) from {}{} into:\n", Count(r.tensors, "tensor"), HumanBytes(r.bytes), what,
       r.aliases ? fmt::format(" ({} recorded as aliases)", Count(r.aliases, "tied name")) : "");
-  for (const std::string& f : r.files) std::cout << "  " << f << "\n";
+  for (const std::string& f : r.files) Out() << "  " << f << "\n";
   if (r.archive_plain_bytes + r.archive_backed_bytes)
-    std::cout << fmt::format(
+    Out() << fmt::format(
         "Read in place from the archive: {} of tensors decoded from its chunks, {} of headers "
         "restored\n",
         HumanBytes(r.archive_backed_bytes), HumanBytes(r.archive_plain_bytes));

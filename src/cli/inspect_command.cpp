@@ -69,8 +69,8 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
   int rc = 0;
   bool first = true;
   auto print = [&](const std::string& text) {
-    if (!first) std::cout << "\n";
-    std::cout << text;
+    if (!first) Out() << "\n";
+    Out() << text;
     first = false;
   };
   for (const std::string& path : in.archives) {
@@ -147,7 +147,7 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
       PrintError(z.error);
       rc = 1;
     } else {
-      std::cout << "\n" << z.text;
+      Out() << "\n" << z.text;
     }
   }
   for (const std::string& folder : in.dcp) {
@@ -166,7 +166,8 @@ int InspectText(const InspectCliOptions& o, const Inputs& in) {
 // described and then freed: every row of every file, yet memory bounded by one checkpoint.
 int InspectJson(const InspectCliOptions& o, const Inputs& in) {
   int rc = 0;
-  JsonStream out([](std::string_view text) { std::cout.write(text.data(), text.size()); });
+  std::ostream& os = Out();
+  JsonStream out([&os](std::string_view text) { os.write(text.data(), text.size()); });
   out.BeginObject();
   // One array per key; `each` describes an input into the stream or throws.
   auto section = [&](std::string_view name, const std::vector<std::string>& items,
@@ -236,7 +237,7 @@ int InspectJson(const InspectCliOptions& o, const Inputs& in) {
       [&](const std::string& folder) { WriteDcpJson(out, dcp::OpenDcp(folder)); }, false);
   out.End();
   out.Flush();
-  std::cout << "\n";
+  Out() << "\n";
   return rc;
 }
 

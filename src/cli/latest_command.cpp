@@ -36,9 +36,9 @@ int RunLatest(const LatestCliOptions& o) {
   } else {
     if (!o.quiet) {
       for (const policy::Skipped& s : r.skipped)
-        std::cerr << Printable(fmt::format("ckptool: skipped {}: {}", s.name, s.reason)) << "\n";
+        Err() << Printable(fmt::format("ckptool: skipped {}: {}", s.name, s.reason)) << "\n";
     }
-    if (!r.path.empty()) std::cout << Printable(r.path) << "\n";
+    if (!r.path.empty()) Out() << Printable(r.path) << "\n";
   }
   if (r.path.empty()) {
     if (!o.json) {

@@ -106,8 +106,7 @@ void PrintEvent(const ApplyEvent& e, bool json, bool with_time) {
       j["after"] = e.after;
     }
     for (const auto& [k, v] : e.details.items()) j[k] = v;
-    std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-              << std::endl;
+    Out() << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << std::endl;
     return;
   }
   std::string what = e.kind == "wait"     ? "waiting"
@@ -120,7 +119,7 @@ void PrintEvent(const ApplyEvent& e, bool json, bool with_time) {
                          ? fmt::format("{}: {}", what, e.message)
                          : fmt::format("{}: {}: {}", e.checkpoint, what, e.message);
   if (with_time) line = policy::UtcNow() + " " + line;
-  std::cout << Printable(line) << std::endl;
+  Out() << Printable(line) << std::endl;
 }
 
 GracefulStop::GracefulStop() {

@@ -7,23 +7,28 @@
 #include <cstdio>
 
 #include "base/human.h"
+#include "cli/console.h"
 
 namespace ckpt::cli {
 
 namespace {
-ProgressObserver g_observer;
+thread_local ProgressObserver t_observer;  // the observer of the command this thread runs
 }  // namespace
 
 void SetProgressObserver(ProgressObserver observer) {
-  g_observer = std::move(observer);
+  t_observer = std::move(observer);
 }
 
 bool ProgressWanted(bool text_output) {
-  return g_observer || (text_output && ::isatty(STDERR_FILENO) == 1);
+  return t_observer || (text_output && !Capturing() && ::isatty(STDERR_FILENO) == 1);
+}
+
+void ClearProgressLine() {
+  if (!t_observer && !Capturing()) std::fputs("\r\033[K", stderr);
 }
 
 Progress::Progress(std::string label, uint64_t total, bool enabled)
-    : label_(std::move(label)), total_(total) {
+    : label_(std::move(label)), total_(total), observer_(t_observer) {
   if (enabled) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -31,8 +36,8 @@ Progress::~Progress() {
   stop_ = true;
   if (thread_.joinable()) {
     thread_.join();
-    if (g_observer) {
-      g_observer(label_, files_.load(), done_.load(), total_);
+    if (observer_) {
+      observer_(label_, files_.load(), done_.load(), total_);
     } else {
       std::fputs("\r\033[K", stderr);
     }
@@ -46,8 +51,8 @@ void Progress::Loop() {
     std::this_thread::sleep_for(150ms);  // about 6 refreshes a second, as zstd does
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     uint64_t done = done_;
-    if (g_observer) {
-      g_observer(label_, files_.load(), done, total_);
+    if (observer_) {
+      observer_(label_, files_.load(), done, total_);
       continue;
     }
     std::string line = fmt::format("\r{}: {} files done, {} / {} ({:.0f} MiB/s)\033[K", label_,

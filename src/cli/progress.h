@@ -10,6 +10,10 @@
 
 namespace ckpt::cli {
 
+// Receives (label, files done, bytes done, bytes total) about 6 times a second while a
+// command with progress runs, on a thread of its own, instead of the line on stderr.
+using ProgressObserver = std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>;
+
 class Progress {
  public:
   // `total` bytes of work; `label` prefixes the line. Does nothing unless enabled.
@@ -27,17 +31,20 @@ class Progress {
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> files_{0};
   std::atomic<bool> stop_{false};
+  ProgressObserver observer_;  // the creating thread's, when the line was made
   std::thread thread_;
 };
 
 // Whether a command shows progress: to an observer when one is set, else on stderr when
-// `text_output` (no --json, -q...) and stderr is an interactive terminal.
+// `text_output` (no --json, -q...), the command is not captured (console.h) and stderr is
+// an interactive terminal.
 bool ProgressWanted(bool text_output);
 
-// Receives (label, files done, bytes done, bytes total) about 6 times a second while a
-// command with progress runs, on a thread of its own, instead of the line on stderr. Empty:
-// none. Set it before the command starts.
-using ProgressObserver = std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>;
+// The observer of the commands the calling thread runs from now on (empty: none); a
+// Progress takes the one of the thread that creates it.
 void SetProgressObserver(ProgressObserver observer);
+
+// Clears the progress line before a result is printed, when one is drawn on a terminal.
+void ClearProgressLine();
 
 }  // namespace ckpt::cli

@@ -54,17 +54,17 @@ int RunPrune(PruneCliOptions o) {
     return 0;
   }
   if (o.quiet) return 0;
-  for (const std::string& n : r.notes) std::cout << "note: " << Printable(n) << "\n";
-  std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}\n", "step", "checkpoint", "size", "decision");
+  for (const std::string& n : r.notes) Out() << "note: " << Printable(n) << "\n";
+  Out() << fmt::format("{:>10}  {:<40} {:>12}  {}\n", "step", "checkpoint", "size", "decision");
   for (const PruneEntry& e : r.entries) {
     std::string name = e.name;
     for (const std::string& a : e.also) name += " + " + a;
-    std::cout << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, Printable(name),
-                             HumanBytes(e.bytes),
-                             e.keep ? "keep" : (o.p.yes ? "deleted" : "delete"), e.reason);
+    Out() << fmt::format("{:>10}  {:<40} {:>12}  {}: {}\n", e.step, Printable(name),
+                         HumanBytes(e.bytes), e.keep ? "keep" : (o.p.yes ? "deleted" : "delete"),
+                         e.reason);
   }
-  std::cout << fmt::format("{} {}{}\n", o.p.yes ? "Freed" : "Would free", HumanBytes(r.bytes_freed),
-                           o.p.yes ? "" : " (dry run: add --yes to delete)");
+  Out() << fmt::format("{} {}{}\n", o.p.yes ? "Freed" : "Would free", HumanBytes(r.bytes_freed),
+                       o.p.yes ? "" : " (dry run: add --yes to delete)");
   return 0;
 }
 

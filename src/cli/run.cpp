@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/interrupt.h"
 #include "base/names.h"
 #include "base/perf.h"
 #include "base/utf8.h"
@@ -55,18 +56,16 @@ void AddTrustFlag(CLI::App& app, std::vector<std::string>* trust) {
 }
 
 void PrintJson(const nlohmann::ordered_json& doc) {
-  std::cout << doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  Out() << doc.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
 }
 
 void PrintError(const std::string& message) {
   if (!cluster::ShouldPrintError(message)) return;  // another rank: rank 0 prints it
-  std::fflush(stdout);
-  std::fprintf(stderr, "ckptool: error: %s\n", Printable(message).c_str());
+  SayError(message);
 }
 
 void PrintWarning(const std::string& message) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "ckptool: warning: %s\n", Printable(message).c_str());
+  SayWarning(message);
 }
 
 }  // namespace ckpt::cli
@@ -202,7 +201,7 @@ int RunCommandLine(int argc, char** argv) {
   for (const Command& c : commands) names.push_back(c.app->get_name());
   const std::string command = CommandOf(argc, argv);
   if (command == "version") {
-    if (root) std::cout << VersionText() << "\n";
+    if (root) Out() << VersionText() << "\n";
     return 0;
   }
   if (command == "help") {
@@ -221,7 +220,7 @@ int RunCommandLine(int argc, char** argv) {
                       best.empty() ? "" : fmt::format(" (did you mean {}?)", best)));
       return 2;
     }
-    if (root) std::cout << (sub ? sub->help() : app.help());
+    if (root) Out() << (sub ? sub->help() : app.help());
     return 0;
   }
   if (!command.empty() && std::find(names.begin(), names.end(), command) == names.end()) {
@@ -266,12 +265,14 @@ int RunCommandLine(int argc, char** argv) {
         ckpt::PerfTimer timer(c.app->get_name().c_str());
         rc = c.run();
       }
-      std::cout.flush();
+      Out().flush();
       ckpt::PrintPerf(stderr);
       return rc;
     }
   } catch (const ckpt::cluster::Stopped& s) {
     return s.rc;  // every rank stopped at the same step; rank 0 said why
+  } catch (const ckpt::Interrupted&) {
+    return 130;  // a job run in-process, stopped by its caller: every temp output is gone
   } catch (const ckpt::Error& e) {
     ckpt::cli::PrintError(e.what());
     return 1;

@@ -140,10 +140,10 @@ int RunStrip(StripCliOptions o) {
     after += r.after;
     for (const DroppedEntry& d : r.dropped) {
       if (!o.json && !o.quiet)
-        std::cout << Printable(fmt::format("{}: {} {} ({})", r.path,
-                                           r.rewritten ? "dropped" : "would drop", d.path,
-                                           HumanBytes(d.bytes)))
-                  << "\n";
+        Out() << Printable(fmt::format("{}: {} {} ({})", r.path,
+                                       r.rewritten ? "dropped" : "would drop", d.path,
+                                       HumanBytes(d.bytes)))
+              << "\n";
     }
     if (o.json) {
       doc["files"].push_back(nlohmann::ordered_json(r));
@@ -153,9 +153,9 @@ int RunStrip(StripCliOptions o) {
                         : so.dry_run      ? " (dry run)"
                                           : "";
       std::string where = r.output != r.path ? " in " + r.output : "";
-      std::cout << Printable(fmt::format("{}: {} -> {}{}{}", r.path, HumanBytes(r.before),
-                                         HumanBytes(r.after), where, why))
-                << "\n";
+      Out() << Printable(fmt::format("{}: {} -> {}{}{}", r.path, HumanBytes(r.before),
+                                     HumanBytes(r.after), where, why))
+            << "\n";
     }
   }
   nlohmann::ordered_json tfiles = nlohmann::ordered_json::array();
@@ -185,9 +185,9 @@ int RunStrip(StripCliOptions o) {
     }
     tfiles.push_back(row);
     if (!o.json && !o.quiet)
-      std::cout << Printable(fmt::format("{}: training-only file, {} ({})", archives.Shown(t),
-                                         HumanBytes(size), state))
-                << "\n";
+      Out() << Printable(fmt::format("{}: training-only file, {} ({})", archives.Shown(t),
+                                     HumanBytes(size), state))
+            << "\n";
   }
   if (o.json) {
     doc["training_only_files"] = tfiles;
@@ -205,7 +205,7 @@ int RunStrip(StripCliOptions o) {
                    : fmt::format("Wrote {}: {} stripped, {} copied unchanged, {} left out",
                                  o.output, Count(files.size(), "file"), Count(copied, "other file"),
                                  Count(training_files.size(), "training-only file"));
-    std::cout << Printable(what) << "\n";
+    Out() << Printable(what) << "\n";
   } else if (folder_copy && rc != 0) {
     PrintError(fmt::format("{}: not written (nothing of the copy is left)", o.output));
   }

@@ -94,23 +94,23 @@ int RunVerify(const VerifyCliOptions& o) {
       return true;
     }
     if (!f.failed.empty()) {
-      std::cout << Printable(f.failed) << "\n";
+      Out() << Printable(f.failed) << "\n";
       ++bad;
       ++problems;
       return true;
     }
     const VerifyOutcome& r = f.outcome;
     for (const auto& p : r.problems) {
-      std::cout << Printable(fmt::format("{}: {}: {}", items[i].path, p.where, p.what)) << "\n";
+      Out() << Printable(fmt::format("{}: {}: {}", items[i].path, p.where, p.what)) << "\n";
     }
     problems += r.problems.size();
     if (!r.problems.empty()) {
       ++bad;
     } else if (!o.quiet) {
-      std::cout << Printable(r.ok) << "\n";
+      Out() << Printable(r.ok) << "\n";
     }
     if (!o.quiet) {
-      for (const std::string& n : r.notes) std::cout << "  note: " << Printable(n) << "\n";
+      for (const std::string& n : r.notes) Out() << "  note: " << Printable(n) << "\n";
     }
     return true;
   };
@@ -141,10 +141,10 @@ int RunVerify(const VerifyCliOptions& o) {
     doc["problems"] = problems;
     PrintJson(doc);
   }
-  std::cout.flush();
+  Out().flush();
   if (bad) {
-    std::cerr << fmt::format("ckptool verify: {} in {} of {}\n", Count(problems, "problem"), bad,
-                             Count(items.size(), "checkpoint"));
+    Err() << fmt::format("ckptool verify: {} in {} of {}\n", Count(problems, "problem"), bad,
+                         Count(items.size(), "checkpoint"));
     return 1;
   }
   return 0;

@@ -17,9 +17,12 @@ namespace {
 using Json = nlohmann::json;
 
 enum Step { kAgree, kCollect, kDecide, kConfirm, kFinish, kDone };
-Step g_next = kAgree;
-std::vector<std::string> g_kept;  // errors of this rank not yet sent to rank 0
-std::set<std::string> g_printed;  // on rank 0: every error printed, its own and relayed
+// Per thread: a process that embeds the engine (the Python package) runs commands in several
+// threads at once, each with its own steps (never under MPI).
+thread_local Step g_next = kAgree;
+thread_local std::vector<std::string> g_kept;  // errors of this rank not yet sent to rank 0
+thread_local std::set<std::string>
+    g_printed;  // on rank 0: every error printed, its own and relayed
 
 // Step messages are CBOR: byte-exact for paths and messages that are not UTF-8.
 std::string Encode(const Json& j) {

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/interrupt.h"
+
 namespace ckpt::ckz {
 
 void OrderedPipeline(size_t items, unsigned threads, size_t window,
@@ -22,7 +24,9 @@ void OrderedPipeline(size_t items, unsigned threads, size_t window,
   bool emitting = false, failed = false;
   std::vector<char> done(window, 0);
   std::exception_ptr error;
+  const InterruptFlag* flag = CurrentInterruptFlag();
   auto worker = [&](unsigned id) {
+    InterruptScope scope(flag);
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
       cv.wait(lock,
@@ -31,6 +35,7 @@ void OrderedPipeline(size_t items, unsigned threads, size_t window,
       size_t i = next_start++;
       lock.unlock();
       try {
+        CheckInterrupt();
         work(i, id, i % window);
       } catch (...) {
         lock.lock();
@@ -83,9 +88,12 @@ void ParallelWorkers(size_t items, unsigned threads,
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex mu;
+  const InterruptFlag* flag = CurrentInterruptFlag();
   auto worker = [&](unsigned id) {
+    InterruptScope scope(flag);
     for (size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < items;) {
       try {
+        CheckInterrupt();
         fn(i, id);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

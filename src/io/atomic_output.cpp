@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "base/interrupt.h"
 #include "io/folders.h"
 #include "io/positioned_io.h"
 #include "io/temp_files.h"
@@ -76,8 +77,10 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   AtomicOutput out;
   out.final_path_ = ReplacedFile(path, &out.replaces_);
   const std::string& final_path = out.final_path_;
-  // Every command creates the folders an output needs, as `mkdir -p` would.
-  CreateFolders(DirOf(final_path), path);
+  // Every command creates the folders an output needs, as `mkdir -p` would; an output that
+  // is never put in place takes the folders it made (if empty) with it.
+  out.made_ = std::make_unique<CreatedFolders>();
+  out.made_->Create(DirOf(final_path), path);
   RemoveStaleTempFiles(final_path);  // first: a killed run's temp file may hold the space
   uint64_t free_bytes = FreeSpaceFor(final_path);
   if (free_bytes < size) {
@@ -112,7 +115,8 @@ AtomicOutput::AtomicOutput(AtomicOutput&& other) noexcept
       committed_(std::exchange(other.committed_, true)),
       mode_set_(other.mode_set_),
       dirty_(other.dirty_.load()),
-      inputs_(std::move(other.inputs_)) {}
+      inputs_(std::move(other.inputs_)),
+      made_(std::move(other.made_)) {}
 
 AtomicOutput::~AtomicOutput() {
   Discard();
@@ -124,6 +128,8 @@ void AtomicOutput::Discard() {
   if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
   UnregisterTempFile(slot_);
   slot_ = -1;
+  if (made_ && committed_) made_->Keep();
+  made_.reset();  // not committed: the folders it made go, if nothing else is in them
 }
 
 namespace {
@@ -176,6 +182,7 @@ void AtomicOutput::Staged::Flush() {
 }
 
 void AtomicOutput::Write(uint64_t offset, Bytes data) {
+  CheckInterrupt();
   dirty_ = true;
   if (t_staged != nullptr && &t_staged->out_ == this) {
     if (uint8_t* at = t_staged->Take(offset, data.size())) {
@@ -201,9 +208,11 @@ void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t o
   }
   if (size > 0) NotChecked();  // the kernel copies
   const int in_fd = in.fd();
+  constexpr uint64_t kPiece = uint64_t{64} << 20;  // an interrupt is seen between pieces
   while (size > 0) {
+    CheckInterrupt();
     off_t from = static_cast<off_t>(in_offset), to = static_cast<off_t>(offset);
-    ssize_t n = ::copy_file_range(in_fd, &from, fd_, &to, size, 0);
+    ssize_t n = ::copy_file_range(in_fd, &from, fd_, &to, std::min(size, kPiece), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // unsupported here, or a short source: fall back below
     in_offset += static_cast<uint64_t>(n);

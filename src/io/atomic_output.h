@@ -12,10 +12,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/byte_cursor.h"
+#include "io/folders.h"
 #include "io/mapped_file.h"
 
 namespace ckpt {
@@ -133,6 +135,8 @@ class AtomicOutput {
   bool mode_set_ = false;
   std::atomic<bool> dirty_{true};  // written since the last fsync
   std::vector<MappedFile::Stamp> inputs_;
+  // The folders Create() made for it: removed again, if empty, when it is discarded.
+  std::unique_ptr<CreatedFolders> made_;
 };
 
 }  // namespace ckpt

@@ -48,6 +48,11 @@ void CreatedFolders::Create(const std::string& dir, const std::string& for_path)
   }
 }
 
+void CreatedFolders::Keep() {
+  for (auto& [path, slot] : made_) UnregisterTempFile(slot);
+  made_.clear();
+}
+
 CreatedFolders::~CreatedFolders() {
   for (size_t i = made_.size(); i-- > 0;) {
     UnregisterTempFile(made_[i].second);

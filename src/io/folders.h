@@ -27,6 +27,8 @@ class CreatedFolders {
   ~CreatedFolders();
   // CreateFolders(dir, for_path), remembering what it made.
   void Create(const std::string& dir, const std::string& for_path);
+  // Something was put in place in them: they stay.
+  void Keep();
 
  private:
   std::vector<std::pair<std::string, int>> made_;  // path, interrupt slot; outermost first

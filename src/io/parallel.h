@@ -1,5 +1,6 @@
 // Runs fn(i) for i in [0, n) on up to `threads` threads. The first exception stops the
-// other workers from taking new items and is rethrown after all have joined.
+// other workers from taking new items and is rethrown after all have joined. Each item
+// starts with CheckInterrupt(); the workers answer to the caller's interrupt flag.
 #pragma once
 
 #include <sched.h>
@@ -11,6 +12,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/interrupt.h"
 
 namespace ckpt {
 
@@ -28,16 +31,22 @@ template <typename Fn>
 void ParallelFor(size_t n, unsigned threads, Fn&& fn) {
   threads = static_cast<unsigned>(std::min<size_t>(std::max(1u, threads), n));
   if (threads <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
+    for (size_t i = 0; i < n; ++i) {
+      CheckInterrupt();
+      fn(i);
+    }
     return;
   }
+  const InterruptFlag* flag = CurrentInterruptFlag();
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex error_mutex;
   auto worker = [&] {
+    InterruptScope scope(flag);
     for (size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < n;) {
       try {
+        CheckInterrupt();
         fn(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/byte_cursor.h"
+#include "base/interrupt.h"
 #include "io/mapped_file.h"
 
 namespace ckpt {
@@ -21,11 +22,13 @@ namespace ckpt {
 inline constexpr uint64_t kStreamChunk = 256 << 10;
 
 // fn(offset_in_range, bytes) for consecutive windows covering [offset, offset + size), each
-// at most `chunk` bytes (keep it a multiple of 4: float32 values are never split).
+// at most `chunk` bytes (keep it a multiple of 4: float32 values are never split). Every 64
+// windows (16 MiB) it answers an interrupt (base/interrupt.h).
 template <typename Fn>
 void StreamRange(const MappedFile& f, uint64_t offset, uint64_t size, Fn&& fn,
                  uint64_t chunk = kStreamChunk) {
-  for (uint64_t done = 0; done < size;) {
+  for (uint64_t done = 0, k = 0; done < size; ++k) {
+    if (k % 64 == 63) CheckInterrupt();
     uint64_t n = std::min(chunk, size - done);
     MappedFile::Window w(f, offset + done, n);
     fn(done, w.bytes());

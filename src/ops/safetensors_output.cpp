@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "base/error.h"
+#include "base/interrupt.h"
 #include "base/name_index.h"
 #include "base/perf.h"
 #include "io/atomic_output.h"
@@ -248,6 +249,8 @@ SafetensorsModel WriteSafetensorsModel(const std::string& to, std::vector<Tensor
     for (size_t si : o.team->plan(shard_names, shard_bytes)) {
       try {
         done.emplace_back(si, WriteVerified(r.files[si], shards[si], metadata[si], o));
+      } catch (const Interrupted&) {
+        throw;  // in-process only, never under MPI: no rank waits for this one
       } catch (...) {
         error = Describe(std::current_exception());
         failed = si;

@@ -1,19 +1,22 @@
 // ckptool._core.run: one ckptool command run in this process by the CLI's own code
 // (cli/run.h), so that the package's job functions take exactly the CLI's options and
-// return its --json report. What the command prints (file descriptors 1 and 2) is captured and
-// returned; the GIL is released while it runs; one command runs at a time.
+// return its --json report. What the command says goes to buffers of its own thread
+// (cli/console.h), never through the process's file descriptors; the GIL is released while it
+// runs, and commands in several Python threads run at once.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <iostream>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
+#include "base/interrupt.h"
 #include "cli/command_table.h"
+#include "cli/console.h"
 #include "cli/progress.h"
 #include "cli/run.h"
 #include "cluster/steps.h"
@@ -25,40 +28,8 @@ namespace ckpt::python {
 
 namespace {
 
-std::string ReadAll(std::FILE* f) {
-  std::string out;
-  std::rewind(f);
-  char buf[1 << 14];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  return out;
-}
-
-// Points file descriptor `fd` at `to` until destroyed.
-class Redirect {
- public:
-  Redirect(int fd, std::FILE* to) : fd_(fd), saved_(::dup(fd)) {
-    if (saved_ < 0 || ::dup2(::fileno(to), fd) < 0) Fail("cannot capture output: {}", fd);
-  }
-  ~Redirect() {
-    ::dup2(saved_, fd_);
-    ::close(saved_);
-  }
-  Redirect(const Redirect&) = delete;
-  Redirect& operator=(const Redirect&) = delete;
-
- private:
-  int fd_, saved_;
-};
-
-struct TempFile {
-  std::FILE* f = std::tmpfile();
-  ~TempFile() {
-    if (f) std::fclose(f);
-  }
-};
-
-// The progress observer for one command, removed whatever happens (it refers to the
-// caller's callback, which outlives only this call).
+// The progress observer of the thread that runs one command, removed whatever happens (it
+// refers to the caller's callback, which outlives only this call).
 class Observing {
  public:
   explicit Observing(cli::ProgressObserver o) { cli::SetProgressObserver(std::move(o)); }
@@ -67,11 +38,41 @@ class Observing {
   Observing& operator=(const Observing&) = delete;
 };
 
-void FlushAll() {
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(stdout);
-  std::fflush(stderr);
+// One command running on a thread of its own, so that the calling thread can wait with the
+// GIL released and still answer Ctrl-C: Python runs signal handlers only in the main thread,
+// between bytecodes, so the waiting thread wakes every 50 ms to let it (PyErr_CheckSignals).
+struct Job {
+  std::vector<std::string> argv;
+  cli::ProgressObserver observer;
+  cli::Captured said;
+  InterruptFlag interrupt;
+  int rc = 0;
+  bool done = false;
+  std::mutex mu;
+  std::condition_variable cv;
+
+  void Run() {
+    {
+      cli::Capture capture(&said);
+      InterruptScope scope(&interrupt);
+      Observing observing(std::move(observer));
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      cluster::BeginCommand();
+      rc = cli::RunCommandLine(static_cast<int>(argv.size()), args.data());
+      rc = cluster::Finish(rc);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+py::list Strings(const std::vector<std::string>& v) {
+  py::list out;
+  for (const std::string& s : v) out.append(py::bytes(s));
+  return out;
 }
 
 }  // namespace
@@ -123,8 +124,9 @@ void BindRun(py::module_& m) {
   m.def(
       "run",
       [](const std::vector<std::string>& args, py::object progress) {
-        static std::mutex one_at_a_time;
-        cli::ProgressObserver observer;
+        auto job = std::make_shared<Job>();
+        job->argv.push_back("ckptool");
+        job->argv.insert(job->argv.end(), args.begin(), args.end());
         if (!progress.is_none()) {
           // Called on the command's progress thread: takes the GIL for the callback; an
           // exception in it stops the reports (the job goes on). The callback is held by
@@ -132,8 +134,8 @@ void BindRun(py::module_& m) {
           // GIL) keeps a plain handle, no reference of its own.
           auto failed = std::make_shared<bool>(false);
           py::handle callback = progress;
-          observer = [callback, failed](const std::string& label, uint64_t files, uint64_t done,
-                                        uint64_t total) {
+          job->observer = [callback, failed](const std::string& label, uint64_t files,
+                                             uint64_t done, uint64_t total) {
             if (*failed) return;
             py::gil_scoped_acquire gil;
             try {
@@ -144,31 +146,38 @@ void BindRun(py::module_& m) {
             }
           };
         }
-        TempFile out, err;
-        if (!out.f || !err.f) Fail("cannot capture output: no temp file");
-        int rc = 0;
+        bool interrupted = false;
         {
           py::gil_scoped_release release;
-          std::lock_guard<std::mutex> lock(one_at_a_time);
-          std::vector<std::string> owned{"ckptool"};
-          owned.insert(owned.end(), args.begin(), args.end());
-          std::vector<char*> argv;
-          for (std::string& a : owned) argv.push_back(a.data());
-          argv.push_back(nullptr);
-          FlushAll();
-          {
-            Redirect o(1, out.f), e(2, err.f);
-            Observing observing(std::move(observer));
-            cluster::BeginCommand();
-            rc = cli::RunCommandLine(static_cast<int>(owned.size()), argv.data());
-            rc = cluster::Finish(rc);
-            FlushAll();
+          std::thread worker([job] { job->Run(); });
+          std::unique_lock<std::mutex> lock(job->mu);
+          while (!job->done) {
+            if (job->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return job->done; }))
+              break;
+            if (interrupted) continue;
+            lock.unlock();
+            {
+              py::gil_scoped_acquire gil;
+              // A handler that raised (KeyboardInterrupt) leaves its exception set: raised
+              // below, once the job has stopped and removed what it had started to write.
+              interrupted = PyErr_CheckSignals() != 0;
+            }
+            if (interrupted) job->interrupt.Raise();
+            lock.lock();
           }
+          lock.unlock();
+          worker.join();
         }
-        return py::make_tuple(rc, py::bytes(ReadAll(out.f)), py::bytes(ReadAll(err.f)));
+        if (interrupted) throw py::error_already_set();
+        return py::make_tuple(job->rc, py::bytes(job->said.out.str()),
+                              py::bytes(job->said.err.str()), Strings(job->said.errors),
+                              Strings(job->said.warnings));
       },
       py::arg("args"), py::arg("progress") = py::none(),
-      "Runs `ckptool ARGS...` in this process; returns (exit code, stdout, stderr).");
+      "Runs `ckptool ARGS...` in this process, on a thread of its own (several may run at "
+      "once); returns (exit code, stdout, stderr, errors, warnings): what the command said, "
+      "not the process's output. Ctrl-C stops the job (its temp outputs removed) and raises "
+      "KeyboardInterrupt.");
 }
 
 }  // namespace ckpt::python

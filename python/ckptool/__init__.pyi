@@ -207,4 +207,12 @@ def apply(
     check: Optional[bool] = ...,
     hold: Optional[Sequence[Union[str, os.PathLike[str]]]] = ...,
 ) -> Result: ...
+def manifest(
+    *paths: _Path,
+    progress: Optional[ProgressCallback] = ...,
+    threads: Optional[int] = ...,
+    force: Optional[bool] = ...,
+    no_tensors: Optional[bool] = ...,
+    quiet: Optional[bool] = ...,
+) -> Result: ...
 # END jobs

@@ -230,6 +230,7 @@ compress = _job("compress")
 decompress = _job("decompress")
 prune = _job("prune", "A dry run unless yes=True")
 apply = _job("apply")
+manifest = _job("manifest", "The checkpoint must verify first; docs/manifest.md")
 
 JOBS = [n for n, _ in _core.commands() if n not in _NOT_JOBS]  # in the CLI's order
 
@@ -245,5 +246,5 @@ def latest(root: Any, *, threads: Optional[int] = None) -> Optional[str]:
     return run("latest", root, threads=threads).report["latest"]
 
 __all__ = ["run", "Result", "CheckpointWarning", "latest", "inspect", "verify", "shrink",
-           "convert", "strip", "export", "compress", "decompress", "prune", "apply",
+           "convert", "strip", "export", "compress", "decompress", "prune", "apply", "manifest",
            "CheckpointError"]

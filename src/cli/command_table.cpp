@@ -28,6 +28,8 @@ constexpr CommandInfo kCommands[] = {
      false},
     {"latest", "Print the newest checkpoint under a folder that is complete and verifies",
      AddLatest, false, true},
+    {"manifest", "Write a manifest of a checkpoint: SHA-256 of every file, digest of every tensor",
+     AddManifest, false, false},
 };
 
 }  // namespace

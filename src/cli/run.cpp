@@ -21,6 +21,7 @@
 #include "cluster/steps.h"
 #include "cluster/world.h"
 #include "io/temp_files.h"
+#include "ops/manifest.h"
 
 namespace ckpt::cli {
 
@@ -256,6 +257,7 @@ int RunCommandLine(int argc, char** argv) {
   }
   if (perf && ckpt::cluster::IsRoot()) ckpt::EnablePerf();
   ckpt::InstallInterruptHandlers();
+  ckpt::InstallManifestHooks();
   try {
     for (const Command& c : commands) {
       if (!c.app->parsed()) continue;

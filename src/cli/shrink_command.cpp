@@ -65,9 +65,7 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o, std::vector<std
     }
     for (const std::string& f : ExpandInputs({o.checkpoint_dir}, nullptr, dcp)) {
       if (!MatchesPatterns(f, o.patterns)) continue;
-      MappedFile m = MappedFile::Open(f);
-      std::optional<Format> format = DetectFormat(m.bytes());
-      if (format && *format != Format::kSafetensors) add(f, o.checkpoint_dir);
+      if (FileKindOf(f) == FileKind::kTorch) add(f, o.checkpoint_dir);
     }
   }
   // Files named on the command line are always taken; --patterns filters what folders hold.
@@ -134,11 +132,11 @@ int RunShrink(ShrinkCliOptions o) {
   for (const std::string& d : dcp_folders) {
     if (!cluster::IsRoot()) break;
     RefuseDamaged(d, o.threads, "nothing shrunk");
-    std::cout << Printable(fmt::format(
-                     "{}: torch.distributed.checkpoint folder: its items are already compact, "
-                     "nothing to shrink (strip drops its optimizer state; export writes its model)",
-                     d))
-              << "\n";
+    Out() << Printable(fmt::format(
+                 "{}: torch.distributed.checkpoint folder: its items are already compact, "
+                 "nothing to shrink (strip drops its optimizer state; export writes its model)",
+                 d))
+          << "\n";
   }
   if (files.empty() && !dcp_folders.empty()) return 0;
   if (files.empty()) {
@@ -182,9 +180,9 @@ int RunShrink(ShrinkCliOptions o) {
     if (o.json) {
       doc["files"].push_back(nlohmann::ordered_json(r));
     } else if (o.debug && !o.quiet) {
-      std::cout << fmt::format("{}: before {}, after {}, saved {}{}\n", r.path, size(r.before),
-                               size(r.after), size(r.before - std::min(r.before, r.after)),
-                               r.note.empty() ? "" : " (" + r.note + ")");
+      Out() << fmt::format("{}: before {}, after {}, saved {}{}\n", r.path, size(r.before),
+                           size(r.after), size(r.before - std::min(r.before, r.after)),
+                           r.note.empty() ? "" : " (" + r.note + ")");
     }
   }
   uint64_t saved = before - std::min(before, after);
@@ -198,15 +196,14 @@ int RunShrink(ShrinkCliOptions o) {
     // No success line after a failure: with several files, say how many failed and what the
     // others did (one file's error line says it all).
     if (files.size() > 1)
-      std::cerr << fmt::format(
-          "ckptool shrink: {} of {} failed; the other {}: before {}, after {}\n",
-          Count(failed, "file"), files.size(), files.size() - failed, HumanBytes(before),
-          HumanBytes(after));
+      Err() << fmt::format("ckptool shrink: {} of {} failed; the other {}: before {}, after {}\n",
+                           Count(failed, "file"), files.size(), files.size() - failed,
+                           HumanBytes(before), HumanBytes(after));
   } else {
     // The reference script's summary line.
     if (!o.quiet)
-      std::cout << fmt::format("Done. Before {}, after {}, saved {}{}\n", size(before), size(after),
-                               size(saved), o.dry_run ? " (dry run: nothing written)" : "");
+      Out() << fmt::format("Done. Before {}, after {}, saved {}{}\n", size(before), size(after),
+                           size(saved), o.dry_run ? " (dry run: nothing written)" : "");
   }
   return rc;
 }

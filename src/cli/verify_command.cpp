@@ -18,6 +18,7 @@
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/discovery.h"
+#include "ops/manifest.h"
 #include "ops/result_json.h"
 #include "ops/verify.h"
 
@@ -137,6 +138,33 @@ int RunVerify(const VerifyCliOptions& o) {
   for (size_t i = 0; i < found.size() && !live; ++i) {
     if (!report(i)) return 1;
   }
+  // Each checkpoint given with a manifest (ops/manifest.h): every file's bytes against it.
+  size_t checked = items.size();
+  for (const std::string& p : o.paths) {
+    if (!HasManifest(p)) continue;
+    ++checked;
+    const std::string manifest = ManifestPathOf(p);
+    uint64_t hashed = 0;
+    std::vector<torch::Problem> found_here = CheckManifest(p, o.threads, &hashed);
+    problems += found_here.size();
+    if (!found_here.empty()) ++bad;
+    if (o.json) {
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const auto& q : found_here)
+        list.push_back({{"where", q.where}, {"what", q.what}, {"unsafe", false}});
+      doc["checkpoints"].push_back({{"path", manifest},
+                                    {"ok", found_here.empty()},
+                                    {"problems", list},
+                                    {"notes", nlohmann::ordered_json::array()}});
+      continue;
+    }
+    for (const auto& q : found_here)
+      Out() << Printable(fmt::format("{}: {}: {}", p, q.where, q.what)) << "\n";
+    if (found_here.empty() && !o.quiet)
+      Out() << Printable(fmt::format("{}: OK (matches {}: {} SHA-256-checked)", p, manifest,
+                                     HumanBytes(hashed)))
+            << "\n";
+  }
   if (o.json) {
     doc["problems"] = problems;
     PrintJson(doc);
@@ -144,7 +172,7 @@ int RunVerify(const VerifyCliOptions& o) {
   Out().flush();
   if (bad) {
     Err() << fmt::format("ckptool verify: {} in {} of {}\n", Count(problems, "problem"), bad,
-                         Count(items.size(), "checkpoint"));
+                         Count(checked, "checkpoint"));
     return 1;
   }
   return 0;

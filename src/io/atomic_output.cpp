@@ -72,10 +72,23 @@ std::string ReplacedFile(const std::string& path, bool* exists) {
 
 }  // namespace
 
+namespace {
+std::atomic<ReplaceHook> g_before_replace{nullptr};
+std::atomic<ReplaceHook> g_after_replace{nullptr};
+}  // namespace
+
+void SetReplaceHooks(ReplaceHook before, ReplaceHook after) {
+  g_before_replace = before;
+  g_after_replace = after;
+}
+
 AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   InstallInterruptHandlers();
   AtomicOutput out;
   out.final_path_ = ReplacedFile(path, &out.replaces_);
+  if (out.replaces_) {
+    if (ReplaceHook before = g_before_replace.load()) before(out.final_path_);
+  }
   const std::string& final_path = out.final_path_;
   // Every command creates the folders an output needs, as `mkdir -p` would; an output that
   // is never put in place takes the folders it made (if empty) with it.
@@ -332,6 +345,9 @@ void AtomicOutput::Commit() {
     ::close(dfd);
   }
   Discard();
+  if (replaces_) {
+    if (ReplaceHook after = g_after_replace.load()) after(final_path_);
+  }
 }
 
 }  // namespace ckpt

@@ -28,6 +28,13 @@ namespace ckpt {
 // path. Costs one getenv per output otherwise.
 void LogCommitForTests(const std::string& path);
 
+// Hooks around replacing an existing file in place (manifests use them: ops/manifest.h).
+// `before(path)` runs when Create() is about to replace `path` and may throw to refuse;
+// `after(path)` once Commit() has put the new file in place (a throw there is the command's
+// error: the file is already replaced). Set once, before any command runs.
+using ReplaceHook = void (*)(const std::string& path);
+void SetReplaceHooks(ReplaceHook before, ReplaceHook after);
+
 class AtomicOutput {
  public:
   // Throws ckpt::Error naming `path` when it cannot: not enough space, a folder it may not

@@ -16,6 +16,7 @@
 #include "io/mapped_file.h"
 #include "io/text_file.h"
 #include "kernels/float_convert.h"
+#include "ops/manifest.h"
 
 namespace ckpt {
 
@@ -81,6 +82,9 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
         t.indexes.push_back(job);
         continue;
       }
+      // A manifest names the bytes of the files here, not of their converted copies: the output
+      // gets none (ckptool manifest OUT writes its own).
+      if (IsManifestName(p.filename().string())) continue;
       MappedFile m = MappedFile::Open(p.string());
       if (DetectFormat(m.bytes())) {
         t.checkpoints.push_back(job);

@@ -14,6 +14,7 @@
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "io/temp_files.h"
+#include "ops/manifest.h"
 #include "ops/training_state.h"
 #include "safetensors/shard_index.h"
 
@@ -87,6 +88,7 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       std::string p = it->path().string();
       // ckptool's own temp files (a run killed outright leaves them) are never inputs.
       if (IsTempFileName(it->path().filename().string())) continue;
+      if (IsManifestName(it->path().filename().string())) continue;  // ops/manifest.h
       if (in_dcp_folder(it->path())) continue;
       try {
         MappedFile m = MappedFile::Open(p);
@@ -103,6 +105,12 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
     out.insert(out.end(), found.begin(), found.end());
   }
   return out;
+}
+
+std::optional<FileKind> FileKindOf(const std::string& path) {
+  std::optional<Format> f = DetectFormat(MappedFile::Open(path).bytes());
+  if (!f) return std::nullopt;
+  return *f == Format::kSafetensors ? FileKind::kSafetensors : FileKind::kTorch;
 }
 
 std::vector<std::string> ModelFilesIn(const std::string& folder, bool all) {

@@ -2,6 +2,7 @@
 // container that holds it, decided by content, here, once for every command.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ std::vector<Located> Locate(const std::vector<std::string>& inputs,
 std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
                                       std::vector<std::string>* skipped = nullptr,
                                       std::vector<std::string>* dcp_folders = nullptr);
+
+// What a file holds, by its content: a torch file (zip or legacy), a safetensors file, or
+// none of them (nullopt). Throws ckpt::Error when it cannot be read.
+enum class FileKind { kTorch, kSafetensors };
+std::optional<FileKind> FileKindOf(const std::string& path);
 
 // The model's files in a folder (a Hugging Face model or checkpoint folder, a folder of
 // shards): those an index (*.index.json with a weight_map) names, else the safetensors files,

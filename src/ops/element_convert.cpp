@@ -61,7 +61,8 @@ bool Widens(DType from) {
   }
 }
 
-// n elements of `from` as float32, the way torch's .float() makes them.
+}  // namespace
+
 void ToFloat32(DType from, const uint8_t* src, float* dst, size_t n) {
   const uint32_t size = torch::ElementSize(from);
   for (size_t i = 0; i < n; ++i) {
@@ -104,8 +105,6 @@ void ToFloat32(DType from, const uint8_t* src, float* dst, size_t n) {
     }
   }
 }
-
-}  // namespace
 
 bool CanConvert(DType from, DType to) {
   if (from == to) return true;

@@ -13,6 +13,10 @@
 
 namespace ckpt {
 
+// n elements of `from` as float32, the way torch's .float() makes them (exact but for
+// float64 and integers beyond 2^24, which round to nearest).
+void ToFloat32(torch::DType from, const uint8_t* src, float* dst, size_t n);
+
 // Can WriteConverted make `to` out of `from`?
 bool CanConvert(torch::DType from, torch::DType to);
 

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "base/error.h"
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "ops/discovery.h"
+#include "ops/manifest.h"
 #include "ops/verify.h"
 
 namespace ckpt {
@@ -44,6 +47,11 @@ std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads
       damage.push_back({where, what});
     }
   }
+  // What a manifest says the bytes were: the only check a safetensors file or a DCP chunk has.
+  std::string manifest_name = std::filesystem::path(ManifestPathOf(path)).filename().string();
+  for (torch::Problem& p : CheckManifest(path, threads, nullptr, checksums))
+    damage.push_back(
+        {fmt::format("{}: {}", path, p.where), fmt::format("{} ({})", p.what, manifest_name)});
   return damage;
 }
 

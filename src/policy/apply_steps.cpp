@@ -143,9 +143,7 @@ StepOutcome RunShrink(const StepContext& c) {
   for (const std::string& f : CheckpointFiles(c, nullptr)) {
     if (!s.patterns.empty() && !MatchesAnyGlob(s.patterns, fs::path(f).filename().string()))
       continue;
-    MappedFile m = MappedFile::Open(f);
-    std::optional<Format> format = DetectFormat(m.bytes());
-    if (format && *format != Format::kSafetensors) files.push_back(f);
+    if (FileKindOf(f) == FileKind::kTorch) files.push_back(f);
   }
   std::vector<ShrinkResult> results(files.size());
   ForFiles(files, c.threads, [&](size_t i, unsigned per_file) {
@@ -368,10 +366,9 @@ StepOutcome RunExport(const StepContext& c) {
     std::sort(top.begin(), top.end());
     for (const fs::path& f : top) {
       if (IsTrainingOnlyFile(f.string()) || f.filename() == "training_args.bin") continue;
-      MappedFile m = MappedFile::Open(f.string());
-      std::optional<Format> format = DetectFormat(m.bytes());
-      if (format == Format::kSafetensors) safetensors = true;
-      if (format && *format != Format::kSafetensors) sources.push_back(f.string());
+      std::optional<FileKind> kind = FileKindOf(f.string());
+      if (kind == FileKind::kSafetensors) safetensors = true;
+      if (kind == FileKind::kTorch) sources.push_back(f.string());
     }
     if (sources.empty() && safetensors) {
       o.message = "the model is already safetensors: nothing to export";

@@ -1,0 +1,222 @@
+"""`ckptool manifest` over checkpoints the real libraries write (transformers, safetensors,
+torch.save, torch.distributed.checkpoint): the file digests are the SHA-256 hashlib computes
+(as OpenSSF model signing does); tensor digests agree across containers; with a manifest every
+injected fault is found, including those no format checksum covers (a bit flipped in a
+safetensors shard or a DCP chunk); rewrites in place keep the manifest true and refuse a file
+that no longer matches it; `ckptool latest` passes over a checkpoint its manifest condemns."""
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from stacklib import TempDirTest, run  # noqa: E402
+
+import torch  # noqa: E402
+import safetensors.torch  # noqa: E402
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hf_checkpoint(folder, seed=0):
+    """A Hugging Face Trainer-style checkpoint folder: the model saved by transformers
+    (safetensors), the optimizer and scheduler by torch.save, trainer_state.json."""
+    import transformers
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 64, (2, 8)), labels=torch.randint(0, 64, (2, 8))).loss.backward()
+    opt.step()
+    torch.save(opt.state_dict(), os.path.join(folder, "optimizer.pt"))
+    torch.save({"step": 1}, os.path.join(folder, "scheduler.pt"))
+    with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+        json.dump({"global_step": seed + 1}, f)
+    return folder
+
+
+def manifest_of(path):
+    name = os.path.join(path, "ckptool-manifest.json") if os.path.isdir(path) else \
+        path + ".ckptool-manifest.json"
+    with open(name) as f:
+        return json.load(f)
+
+
+def data_offset(st_path):
+    with open(st_path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+    return 8 + n
+
+
+class ManifestTest(TempDirTest):
+    def test_file_digests_are_sha256_of_every_file(self):
+        ck = hf_checkpoint(os.path.join(self.tmp, "checkpoint-1"))
+        r = run("manifest", ck, "--json")
+        doc = json.loads(r.stdout)["manifests"][0]
+        m = manifest_of(ck)
+        names = sorted(os.listdir(ck))
+        names.remove("ckptool-manifest.json")
+        self.assertEqual([x["name"] for x in m["resources"]], names)
+        for x in m["resources"]:
+            self.assertEqual(x["algorithm"], "sha256")
+            self.assertEqual(x["digest"], sha256(os.path.join(ck, x["name"])), x["name"])
+            self.assertEqual(x["size"], os.path.getsize(os.path.join(ck, x["name"])))
+        self.assertEqual(doc["files"], len(names))
+        self.assertGreater(doc["tensors"], 10)
+        self.assertEqual(m["serialization"]["method"], "files")
+        # Written once: again only with --force.
+        self.assertIn("exists", run("manifest", ck, expect=1).stderr)
+        run("manifest", ck, "--force")
+        self.assertIn("matches", run("verify", ck).stdout)
+
+    def test_tensor_digests_agree_across_containers(self):
+        torch.manual_seed(3)
+        sd = {"a.weight": torch.randn(16, 8), "a.bias": torch.randn(16),
+              "h": torch.randn(4, 4).to(torch.bfloat16), "count": torch.tensor([7])}
+        pt = os.path.join(self.tmp, "model.pt")
+        st = os.path.join(self.tmp, "model.safetensors")
+        torch.save(sd, pt)
+        safetensors.torch.save_file(sd, st)
+        dcp_dir = os.path.join(self.tmp, "dcp")
+        import torch.distributed.checkpoint as dcp
+        dcp.save({k: v.clone() for k, v in sd.items()}, checkpoint_id=dcp_dir)
+        archive = os.path.join(self.tmp, "model.pt.ckz")
+        run("compress", pt)
+        digests = {}
+        for path in (pt, st, dcp_dir, archive):
+            run("manifest", path)
+            units = manifest_of(path)["tensors"]
+            self.assertEqual(len(units), 1, units)
+            digests[path] = units[0]["digests"]
+        expected = digests[st]
+        self.assertEqual(sorted(expected), sorted(sd))
+        for path, d in digests.items():
+            self.assertEqual(d, expected, path)
+        # The digest is SHA-256 of "<dtype>[<shape>]\n" and the little-endian elements.
+        t = sd["a.weight"]
+        want = hashlib.sha256(b"float32[16,8]\n" + t.numpy().tobytes()).hexdigest()
+        self.assertEqual(expected["a.weight"], want)
+
+    def test_every_fault_is_found_with_a_manifest(self):
+        base = hf_checkpoint(os.path.join(self.tmp, "base"))
+        run("manifest", base)
+        st = os.path.join(base, "model.safetensors")
+        size = os.path.getsize(st)
+        rng = random.Random(7)
+
+        def flip(path):
+            at = rng.randrange(data_offset(path), os.path.getsize(path))
+            with open(path, "r+b") as f:
+                f.seek(at)
+                b = f.read(1)
+                f.seek(at)
+                f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+
+        def zero_page(path):
+            at = rng.randrange(data_offset(path), os.path.getsize(path) - 4096)
+            with open(path, "r+b") as f:
+                f.seek(at)
+                f.write(b"\0" * 4096)
+
+        def truncate(path):
+            with open(path, "r+b") as f:
+                f.truncate(rng.randrange(1, os.path.getsize(path)))
+
+        faults = {
+            "bit flipped in the safetensors shard": lambda ck: flip(os.path.join(ck, "model.safetensors")),
+            "page zeroed in the safetensors shard": lambda ck: zero_page(os.path.join(ck, "model.safetensors")),
+            "safetensors shard truncated": lambda ck: truncate(os.path.join(ck, "model.safetensors")),
+            "optimizer.pt truncated": lambda ck: truncate(os.path.join(ck, "optimizer.pt")),
+            "scheduler.pt deleted": lambda ck: os.remove(os.path.join(ck, "scheduler.pt")),
+            "file added": lambda ck: open(os.path.join(ck, "extra.bin"), "wb").write(b"x"),
+            "config.json edited": lambda ck: open(os.path.join(ck, "config.json"), "a").write(" "),
+        }
+        self.assertEqual(size, os.path.getsize(st))
+        for what, fault in faults.items():
+            ck = os.path.join(self.tmp, "ck")
+            shutil.rmtree(ck, ignore_errors=True)
+            shutil.copytree(base, ck)
+            fault(ck)
+            r = run("verify", ck, expect=1)
+            self.assertIn("ckptool-manifest.json", r.stdout + r.stderr, what)
+            # Without the manifest, a flipped bit or zeroed page in safetensors data is invisible:
+            # the format has no checksum (docs/manifest.md's table).
+            os.remove(os.path.join(ck, "ckptool-manifest.json"))
+            silent = run("verify", ck, expect=None)
+            if what.startswith(("bit flipped", "page zeroed", "file added", "config.json")):
+                self.assertEqual(silent.returncode, 0, what)
+        # Intact copies: no false alarm.
+        for i in range(3):
+            ck = os.path.join(self.tmp, f"intact{i}")
+            shutil.copytree(base, ck)
+            run("verify", ck)
+
+    def test_rewrites_in_place_keep_the_manifest_true(self):
+        pt = os.path.join(self.tmp, "train.pt")
+        torch.manual_seed(0)
+        big = torch.randn(64, 64)
+
+        def save(path, scale=1.0):
+            # A view of a bigger storage (shrink drops the rest) and optimizer state (strip).
+            torch.save({"model": {"w": (big * scale)[:4]},
+                        "optimizer": {"state": {0: {"exp_avg": torch.ones(4, 64)}}},
+                        "step": 3}, path)
+
+        save(pt)
+        # big[:4] is saved with its whole storage: torch.save keeps views' storages whole.
+        run("manifest", pt)
+        first = manifest_of(pt)
+        run("shrink", pt)
+        shrunk = manifest_of(pt)
+        self.assertEqual(shrunk["resources"][0]["digest"], sha256(pt))
+        self.assertLess(shrunk["resources"][0]["size"], first["resources"][0]["size"])
+        self.assertEqual(shrunk["tensors"], first["tensors"])  # the same tensors, fewer bytes
+        run("strip", pt)
+        stripped = manifest_of(pt)
+        self.assertEqual(stripped["resources"][0]["digest"], sha256(pt))
+        self.assertEqual(sorted(stripped["tensors"][0]["digests"]), ["model.w"])
+        self.assertIn("matches", run("verify", pt).stdout)
+        # A file that no longer matches its manifest (a valid torch file, other values) is
+        # refused, not rewritten, and the manifest stays as it was.
+        other = os.path.join(self.tmp, "other.pt")
+        save(other)
+        run("manifest", other)
+        kept = manifest_of(other)
+        save(other, scale=2.0)
+        r = run("shrink", other, expect=1)
+        self.assertIn("manifest", r.stderr)
+        self.assertEqual(manifest_of(other), kept)
+        self.assertIn("SHA-256 differs", run("verify", other, expect=1).stdout)
+
+    def test_latest_passes_over_a_checkpoint_its_manifest_condemns(self):
+        root = os.path.join(self.tmp, "run")
+        for step in (1, 2):
+            ck = hf_checkpoint(os.path.join(root, f"checkpoint-{step}"), seed=step - 1)
+            run("manifest", ck)
+        st = os.path.join(root, "checkpoint-2", "model.safetensors")
+        with open(st, "r+b") as f:
+            f.seek(data_offset(st) + 100)
+            b = f.read(1)
+            f.seek(data_offset(st) + 100)
+            f.write(bytes([b[0] ^ 1]))
+        r = run("latest", root)
+        self.assertEqual(r.stdout.strip(), os.path.join(root, "checkpoint-1"))
+        self.assertIn("skipped checkpoint-2: damaged", r.stderr)
+        self.assertIn("model.safetensors", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -86,9 +86,6 @@ AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
   InstallInterruptHandlers();
   AtomicOutput out;
   out.final_path_ = ReplacedFile(path, &out.replaces_);
-  if (out.replaces_) {
-    if (ReplaceHook before = g_before_replace.load()) before(out.final_path_);
-  }
   const std::string& final_path = out.final_path_;
   // Every command creates the folders an output needs, as `mkdir -p` would; an output that
   // is never put in place takes the folders it made (if empty) with it.
@@ -323,6 +320,20 @@ void LogCommitForTests(const std::string& path) {
   ::close(fd);
 }
 
+void AtomicOutput::BeforeReplace() const {
+  ReplaceHook before = g_before_replace.load();
+  if (!before) return;
+  // A rewrite in place reads the file it replaces: the hook vets those bytes. An output that
+  // names its inputs and reads none of them from here (decompress -f over a damaged file) is
+  // no rewrite of this file.
+  struct stat st {};
+  bool in_place = inputs_.empty();
+  if (::stat(final_path_.c_str(), &st) == 0) {
+    for (const MappedFile::Stamp& input : inputs_) in_place |= input.inode == st.st_ino;
+  }
+  if (in_place) before(final_path_);
+}
+
 void AtomicOutput::Commit() {
   for (const MappedFile::Stamp& input : inputs_) {
     if (!input.ChangedOnDisk()) continue;
@@ -331,6 +342,7 @@ void AtomicOutput::Commit() {
     Fail("{}: the file changed while it was being processed; {} was not written", input.path,
          final_path_);
   }
+  if (replaces_) BeforeReplace();
   if (!mode_set_) SetDefaultMode();
   if (dirty_) Sync();
   if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {

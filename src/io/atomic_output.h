@@ -29,9 +29,10 @@ namespace ckpt {
 void LogCommitForTests(const std::string& path);
 
 // Hooks around replacing an existing file in place (manifests use them: ops/manifest.h).
-// `before(path)` runs when Create() is about to replace `path` and may throw to refuse;
-// `after(path)` once Commit() has put the new file in place (a throw there is the command's
-// error: the file is already replaced). Set once, before any command runs.
+// `before(path)` runs when Commit() is about to replace `path` with what was made from it (an
+// input of the output is that file, or no input was named) and may throw to refuse; `after(path)`
+// once Commit() has put any replacement in place (a throw there is the command's error: the file
+// is already replaced). Set once, before any command runs.
 using ReplaceHook = void (*)(const std::string& path);
 void SetReplaceHooks(ReplaceHook before, ReplaceHook after);
 
@@ -127,6 +128,7 @@ class AtomicOutput {
  private:
   AtomicOutput() = default;
   void Discard();
+  void BeforeReplace() const;
   // A CheckedWrites of this output lives on this thread.
   bool Checked() const;
   // Clears all_checked() of this thread's CheckedWrites of this output: bytes that did not

@@ -18,6 +18,7 @@
 #include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/discovery.h"
+#include "ops/folder_checks.h"
 #include "ops/manifest.h"
 #include "ops/result_json.h"
 #include "ops/verify.h"
@@ -138,8 +139,28 @@ int RunVerify(const VerifyCliOptions& o) {
   for (size_t i = 0; i < found.size() && !live; ++i) {
     if (!report(i)) return 1;
   }
-  // Each checkpoint given with a manifest (ops/manifest.h): every file's bytes against it.
+  // What each folder given promises beyond its files (ops/folder_checks.h): indexes against
+  // their shards, links against their targets.
   size_t checked = items.size();
+  for (const std::string& p : o.paths) {
+    std::vector<torch::Problem> broken = CheckFolderPromises(p);
+    if (broken.empty()) continue;
+    problems += broken.size();
+    ++bad;
+    if (o.json) {
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const auto& q : broken)
+        list.push_back({{"where", q.where}, {"what", q.what}, {"unsafe", false}});
+      doc["checkpoints"].push_back({{"path", p},
+                                    {"ok", false},
+                                    {"problems", list},
+                                    {"notes", nlohmann::ordered_json::array()}});
+      continue;
+    }
+    for (const auto& q : broken)
+      Out() << Printable(fmt::format("{}: {}: {}", p, q.where, q.what)) << "\n";
+  }
+  // Each checkpoint given with a manifest (ops/manifest.h): every file's bytes against it.
   for (const std::string& p : o.paths) {
     if (!HasManifest(p)) continue;
     ++checked;

@@ -41,11 +41,13 @@ void CreatedFolders::Create(const std::string& dir, const std::string& for_path)
   for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal();
        !p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path(); p = p.parent_path())
     missing.insert(missing.begin(), p.string());
-  CreateFolders(dir, for_path);
+  // Registered before they exist: an interrupt that lands between the mkdir and the
+  // registration would otherwise leave the folder behind (rmdir of one not made yet is a no-op).
   for (std::string& m : missing) {
     int slot = RegisterCreatedFolder(m);
     made_.emplace_back(std::move(m), slot);
   }
+  CreateFolders(dir, for_path);
 }
 
 void CreatedFolders::Keep() {

@@ -25,6 +25,7 @@
 #include "io/temp_files.h"
 #include "ops/archive_io.h"
 #include "ops/integrity.h"
+#include "ops/manifest.h"
 
 namespace ckpt {
 
@@ -408,6 +409,13 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
       }
     }
     r.removed = !PathExists(path);
+    // A file's manifest beside it names bytes that are gone now (the archive's checksums
+    // stand for them): removed, and said. A folder's is inside it, archived with it.
+    std::error_code ec;
+    const std::string sidecar = path + kManifestSuffix;
+    if (r.removed && !folder && fs::is_regular_file(sidecar, ec) && fs::remove(sidecar, ec))
+      r.warnings.push_back(
+          fmt::format("{}: removed with {} (the archive holds what it named)", sidecar, path));
     if (folder) SyncFolder(fs::path(path).parent_path().string());
   }
   return r;

@@ -20,6 +20,7 @@
 #include "io/positioned_io.h"
 #include "io/temp_files.h"
 #include "ops/archive_io.h"
+#include "ops/manifest.h"
 
 namespace ckpt {
 
@@ -269,6 +270,9 @@ DecompressResult DecompressArchive(const std::string& path, const DecompressOpti
   if (o.remove_input) {
     if (::unlink(path.c_str()) != 0) FailErrno(path, "restored, but the archive cannot be removed");
     r.removed = true;
+    // The archive's own manifest beside it, if one was made, names a file that is gone.
+    std::error_code ec;
+    std::filesystem::remove(path + kManifestSuffix, ec);
   }
   return r;
 }

@@ -8,6 +8,7 @@
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "ops/discovery.h"
+#include "ops/folder_checks.h"
 #include "ops/manifest.h"
 #include "ops/verify.h"
 
@@ -47,6 +48,9 @@ std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads
       damage.push_back({where, what});
     }
   }
+  // What the folder promises: its indexes' shards and tensors, its links' targets.
+  for (torch::Problem& p : CheckFolderPromises(path))
+    damage.push_back({fmt::format("{}: {}", path, p.where), p.what});
   // What a manifest says the bytes were: the only check a safetensors file or a DCP chunk has.
   std::string manifest_name = std::filesystem::path(ManifestPathOf(path)).filename().string();
   for (torch::Problem& p : CheckManifest(path, threads, nullptr, checksums))

@@ -24,6 +24,7 @@
 #include "io/text_file.h"
 #include "ops/discovery.h"
 #include "ops/integrity.h"
+#include "ops/manifest.h"
 #include "ops/strip.h"
 
 namespace ckpt {
@@ -197,6 +198,10 @@ void TrashEntry(const std::string& dir, const std::string& name) {
         "the rest",
         (root / name).string(), trash.filename().string(), ec.message());
   }
+  // A file checkpoint's manifest beside it (ops/manifest.h) goes with it: never left naming
+  // bytes that are gone.
+  fs::path sidecar = root / (name + kManifestSuffix);
+  if (fs::is_regular_file(fs::symlink_status(sidecar, ec))) fs::remove(sidecar, ec);
 }
 
 namespace {

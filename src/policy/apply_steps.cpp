@@ -29,6 +29,7 @@
 #include "ops/dcp_strip.h"
 #include "ops/discovery.h"
 #include "ops/export.h"
+#include "ops/manifest.h"
 #include "ops/output_set.h"
 #include "ops/prune.h"
 #include "ops/shrink.h"
@@ -92,6 +93,9 @@ std::vector<std::string> OutputsInside(const Policy& p, const Entry& e) {
   for (const std::string& o : {ConvertOutput(p, e), ExportOutput(p, e)}) {
     if (!o.empty() && Inside(o, e.name)) out.push_back(o);
   }
+  // The manifest step's file: kept up to date by the steps after it, not a change of the
+  // checkpoint's own files.
+  if (p.manifest) out.push_back((fs::path(e.name) / kManifestName).string());
   return out;
 }
 
@@ -457,6 +461,35 @@ StepOutcome RunVerify(const StepContext& c) {
   return o;
 }
 
+// ---- manifest ----------------------------------------------------------------------------
+// ckptool manifest on the checkpoint (ops/manifest.h): written once; a run after it was written
+// (another policy, the step's options changed) writes it again only while the checkpoint still
+// matches it.
+
+StepOutcome RunManifest(const StepContext& c) {
+  StepOutcome o;
+  Fingerprint files = policy::StatCheckpoint(c.root, c.e.name, {});
+  for (const auto& [name, f] : files) o.before += f.size;
+  o.after = o.before;
+  const std::string at = ManifestPathOf(c.e.path);
+  if (c.dry_run) {
+    o.message = fmt::format("would write {}", fs::path(at).lexically_relative(c.root).string());
+    return o;
+  }
+  ManifestOptions mo;
+  mo.threads = c.threads;
+  mo.tensors = c.p.manifest->tensors;
+  mo.force = true;  // refused anyway when the checkpoint no longer matches it
+  ManifestResult r = WriteManifest(c.e.path, mo);
+  for (const std::string& n : r.notes) o.warnings.push_back(n);
+  // A file checkpoint's manifest sits beside it: an output, deleted with it.
+  if (!c.e.folder) o.outputs.push_back(fs::path(at).lexically_relative(c.root).string());
+  o.message = fmt::format("{} ({}, {}, {} tensor digests)",
+                          fs::path(at).lexically_relative(c.root).string(), Count(r.files, "file"),
+                          HumanBytes(r.bytes), r.tensors);
+  return o;
+}
+
 // ---- compress ----------------------------------------------------------------------------
 // The checkpoint becomes NAME.ckz beside it (ckptool compress, the level of the policy). The
 // archive is written through a temp file, renamed into place, then read back from disk and
@@ -531,6 +564,8 @@ StepOutcome RunStep(Step step, const StepContext& c) {
       return RunExport(c);
     case Step::kVerify:
       return RunVerify(c);
+    case Step::kManifest:
+      return RunManifest(c);
     case Step::kStrip:
       return RunStrip(c);
     case Step::kCompress:

@@ -47,6 +47,8 @@ const char* StepName(Step s) {
       return "export";
     case Step::kVerify:
       return "verify";
+    case Step::kManifest:
+      return "manifest";
     case Step::kStrip:
       return "strip";
     case Step::kCompress:
@@ -73,8 +75,8 @@ std::string JoinTexts(const std::vector<PolicyProblem>& problems) {
   return out;
 }
 
-const std::vector<std::string> kTables = {"retention", "shrink", "convert", "export",
-                                          "verify",    "strip",  "compress"};
+const std::vector<std::string> kTables = {"retention", "shrink",   "convert", "export",
+                                          "verify",    "manifest", "strip",   "compress"};
 
 void ReadRetention(Reader& r, const toml::table& t, const toml::source_region& at, Policy& p) {
   Section s(r, t, "retention", {"keep_last", "keep_every", "keep", "delete"});
@@ -228,6 +230,14 @@ void ReadVerify(Reader& r, const toml::table& t, Policy& p) {
   p.verify = VerifyStep{};
 }
 
+void ReadManifest(Reader& r, const toml::table& t, Policy& p) {
+  Section s(r, t, "manifest", {"tensors"});
+  s.CheckKeys();
+  ManifestStep x;
+  if (auto v = s.Bool("tensors")) x.tensors = *v;
+  p.manifest = x;
+}
+
 void ReadStrip(Reader& r, const toml::table& t, Policy& p) {
   Section s(r, t, "strip",
             {"older_than_newest", "drop", "keep", "delete_files", "allow_unsafe_globals"});
@@ -272,6 +282,8 @@ bool Policy::Has(Step s) const {
       return export_.has_value();
     case Step::kVerify:
       return verify.has_value();
+    case Step::kManifest:
+      return manifest.has_value();
     case Step::kStrip:
       return strip.has_value();
     case Step::kCompress:
@@ -313,6 +325,10 @@ nlohmann::ordered_json Policy::Options(Step s) const {
       break;
     case Step::kVerify:
       if (!trust.empty()) j["trust"] = Json(trust);
+      break;
+    case Step::kManifest:
+      if (!manifest) break;
+      j["tensors"] = manifest->tensors;
       break;
     case Step::kStrip:
       if (!strip) break;
@@ -383,6 +399,7 @@ Policy ParsePolicy(std::string_view text, const std::string& file) {
       if (name == "convert") ReadConvert(r, *t, k.source(), p);
       if (name == "export") ReadExport(r, *t, p);
       if (name == "verify") ReadVerify(r, *t, p);
+      if (name == "manifest") ReadManifest(r, *t, p);
       if (name == "strip") ReadStrip(r, *t, p);
       if (name == "compress") ReadCompress(r, *t, p);
     } else if (std::find(top.begin(), top.end(), name) == top.end()) {

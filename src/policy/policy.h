@@ -104,6 +104,12 @@ struct ExportStep {
 
 struct VerifyStep {};
 
+// ckptool manifest: a manifest written as the checkpoint lands (ops/manifest.h); the steps
+// after it that rewrite files in place keep it up to date.
+struct ManifestStep {
+  bool tensors = true;
+};
+
 struct StripStep {
   uint64_t older_than_newest = 1;
   std::vector<std::string> drop;
@@ -121,9 +127,9 @@ struct CompressStep {
 };
 
 // The steps, in the order they run on a checkpoint.
-enum class Step { kShrink, kConvert, kExport, kVerify, kStrip, kCompress };
-inline constexpr Step kAllSteps[] = {Step::kShrink, Step::kConvert, Step::kExport,
-                                     Step::kVerify, Step::kStrip,   Step::kCompress};
+enum class Step { kShrink, kConvert, kExport, kVerify, kManifest, kStrip, kCompress };
+inline constexpr Step kAllSteps[] = {Step::kShrink,   Step::kConvert, Step::kExport,  Step::kVerify,
+                                     Step::kManifest, Step::kStrip,   Step::kCompress};
 const char* StepName(Step s);
 
 struct Policy {
@@ -136,6 +142,7 @@ struct Policy {
   std::optional<ConvertStep> convert;
   std::optional<ExportStep> export_;
   std::optional<VerifyStep> verify;
+  std::optional<ManifestStep> manifest;
   std::optional<StripStep> strip;
   std::optional<CompressStep> compress;
 

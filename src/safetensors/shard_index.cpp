@@ -2,28 +2,32 @@
 
 #include <nlohmann/json.hpp>
 
-#include <set>
-
 #include "base/error.h"
 #include "io/mapped_file.h"
 
 namespace ckpt::safetensors {
 
-std::vector<std::string> WeightMapFiles(const std::string& path) {
-  nlohmann::json j;
+std::map<std::string, std::vector<std::string>> WeightMap(const std::string& path) {
+  nlohmann::ordered_json j;
   try {
     MappedFile m = MappedFile::Open(path);
     if (m.size() > (64u << 20)) return {};
-    j = nlohmann::json::parse(AsText(m.bytes()), nullptr, false);
+    j = nlohmann::ordered_json::parse(AsText(m.bytes()), nullptr, false);
   } catch (const Error&) {
     return {};
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) return {};
-  std::set<std::string> files;
+  std::map<std::string, std::vector<std::string>> out;
   for (const auto& [name, file] : j["weight_map"].items()) {
-    if (file.is_string()) files.insert(file.get<std::string>());
+    if (file.is_string()) out[file.get<std::string>()].push_back(name);
   }
-  return {files.begin(), files.end()};
+  return out;
+}
+
+std::vector<std::string> WeightMapFiles(const std::string& path) {
+  std::vector<std::string> files;
+  for (const auto& [file, names] : WeightMap(path)) files.push_back(file);
+  return files;
 }
 
 }  // namespace ckpt::safetensors

@@ -74,6 +74,14 @@ class ManifestTest(TempDirTest):
         self.assertIn("exists", run("manifest", ck, expect=1).stderr)
         run("manifest", ck, "--force")
         self.assertIn("matches", run("verify", ck).stdout)
+        # Never fresh digests over bytes that changed since: --force refuses then.
+        config = os.path.join(ck, "config.json")
+        with open(config, "a") as f:
+            f.write(" ")
+        r = run("manifest", ck, "--force", expect=1)
+        size = os.path.getsize(config)
+        self.assertIn(f"config.json: {size} bytes where ckptool-manifest.json says {size - 1}", r.stderr)
+        self.assertIn("no manifest written", r.stderr)
 
     def test_tensor_digests_agree_across_containers(self):
         torch.manual_seed(3)
@@ -98,6 +106,18 @@ class ManifestTest(TempDirTest):
         self.assertEqual(sorted(expected), sorted(sd))
         for path, d in digests.items():
             self.assertEqual(d, expected, path)
+        # A bit flipped in a DCP chunk's tensor bytes: only the manifest sees it.
+        chunk = max((os.path.join(dcp_dir, n) for n in os.listdir(dcp_dir) if n.endswith(".distcp")),
+                    key=os.path.getsize)
+        with open(chunk, "r+b") as f:
+            f.seek(os.path.getsize(chunk) // 2)
+            b = f.read(1)
+            f.seek(os.path.getsize(chunk) // 2)
+            f.write(bytes([b[0] ^ 4]))
+        self.assertIn(os.path.basename(chunk) + ": its SHA-256 differs",
+                      run("verify", dcp_dir, expect=1).stdout)
+        os.remove(os.path.join(dcp_dir, "ckptool-manifest.json"))
+        run("verify", dcp_dir)  # DCP chunk data carries no checksum
         # The digest is SHA-256 of "<dtype>[<shape>]\n" and the little-endian elements.
         t = sd["a.weight"]
         want = hashlib.sha256(b"float32[16,8]\n" + t.numpy().tobytes()).hexdigest()
@@ -217,6 +237,86 @@ class ManifestTest(TempDirTest):
         self.assertEqual(r.stdout.strip(), os.path.join(root, "checkpoint-1"))
         self.assertIn("skipped checkpoint-2: damaged", r.stderr)
         self.assertIn("model.safetensors", r.stderr)
+
+
+    def test_indexes_and_links_are_checked_without_a_manifest(self):
+        import transformers
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
+                                         n_positions=32)
+        ck = os.path.join(self.tmp, "sharded")
+        transformers.GPT2LMHeadModel(config).save_pretrained(ck, max_shard_size="40KB")
+        index = os.path.join(ck, "model.safetensors.index.json")
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        shards = sorted(set(weight_map.values()))
+        self.assertGreater(len(shards), 2)
+        run("verify", ck)  # intact: no false alarm
+        # An index entry pointing at a shard that does not hold the tensor.
+        edited = json.loads(open(index).read())
+        name = next(n for n, s in weight_map.items() if s == shards[0])
+        edited["weight_map"][name] = shards[1]
+        shutil.copy(index, index + ".bak")
+        with open(index, "w") as f:
+            json.dump(edited, f)
+        r = run("verify", ck, expect=1)
+        self.assertIn(f"model.safetensors.index.json: maps {name} to {shards[1]}, which does not "
+                      "hold it", r.stdout)
+        shutil.move(index + ".bak", index)
+        # A shard deleted: every other file verifies, the index says what is missing.
+        os.remove(os.path.join(ck, shards[-1]))
+        r = run("verify", ck, expect=1)
+        self.assertIn(f"names the shard {shards[-1]}", r.stdout)
+        self.assertIn("which is missing", r.stdout)
+        # Lightning's last.ckpt as a link (save_last="link") to a checkpoint that is gone.
+        lt = os.path.join(self.tmp, "lightning")
+        os.makedirs(lt)
+        torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 1}, os.path.join(lt, "epoch=1.ckpt"))
+        os.symlink("epoch=1.ckpt", os.path.join(lt, "last.ckpt"))
+        run("verify", lt)
+        os.remove(os.path.join(lt, "epoch=1.ckpt"))
+        torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 0}, os.path.join(lt, "epoch=0.ckpt"))
+        r = run("verify", lt, expect=1)
+        self.assertIn("last.ckpt: a link to epoch=1.ckpt, which does not exist", r.stdout)
+
+    def test_the_policys_manifest_step(self):
+        root = os.path.join(self.tmp, "run")
+        for step in (1, 2):
+            hf_checkpoint(os.path.join(root, f"checkpoint-{step}"), seed=step - 1)
+        with open(os.path.join(root, "ckptool.toml"), "w") as f:
+            f.write("[manifest]\n")
+        r = run("apply", root, "--settle", "0")
+        for step in (1, 2):
+            ck = os.path.join(root, f"checkpoint-{step}")
+            self.assertIn("matches", run("verify", ck).stdout, r.stdout)
+        # A second run finds nothing to do (the manifest is no change of the checkpoint).
+        again = run("apply", root, "--settle", "0", "--json")
+        self.assertNotIn('"manifest"', again.stdout)
+        st = os.path.join(root, "checkpoint-2", "model.safetensors")
+        with open(st, "r+b") as f:
+            f.seek(data_offset(st) + 64)
+            b = f.read(1)
+            f.seek(data_offset(st) + 64)
+            f.write(bytes([b[0] ^ 0x10]))
+        self.assertEqual(run("latest", root).stdout.strip(), os.path.join(root, "checkpoint-1"))
+
+
+    def test_no_manifest_is_left_naming_bytes_that_are_gone(self):
+        root = os.path.join(self.tmp, "run")
+        os.makedirs(root)
+        for step in (1, 2, 3):
+            path = os.path.join(root, f"step_{step}.pt")
+            torch.save({"w": torch.full((8,), float(step)), "step": step}, path)
+            run("manifest", path)
+        run("prune", root, "--keep-last", "1", "--yes")
+        self.assertEqual(sorted(os.listdir(root)),
+                         ["step_3.pt", "step_3.pt.ckptool-manifest.json"])
+        last = os.path.join(root, "step_3.pt")
+        r = run("compress", last, "--rm")
+        self.assertIn("step_3.pt.ckptool-manifest.json: removed with", r.stderr)
+        self.assertEqual(sorted(os.listdir(root)), ["step_3.pt.ckz"])
+        run("decompress", last + ".ckz", "--rm")
+        self.assertEqual(sorted(os.listdir(root)), ["step_3.pt"])
 
 
 if __name__ == "__main__":

@@ -142,11 +142,11 @@ TEST(PolicyParse, UnknownKeysAndTablesNameFileLineAndKey) {
                 "known: patterns, materialize, allow_unsafe_globals)");
   ExpectProblem("[shrnk]\n",
                 "team/ckptool.toml:1:2: shrnk: unknown table (did you mean 'shrink'? known: "
-                "retention, shrink, convert, export, verify, strip, compress)");
-  ExpectProblem(
-      "keep_last = 3\n",
-      "team/ckptool.toml:1:1: keep_last: unknown key (known: version, layout, "
-      "settle_seconds, trust, retention, shrink, convert, export, verify, strip, compress)");
+                "retention, shrink, convert, export, verify, manifest, strip, compress)");
+  ExpectProblem("keep_last = 3\n",
+                "team/ckptool.toml:1:1: keep_last: unknown key (known: version, layout, "
+                "settle_seconds, trust, retention, shrink, convert, export, verify, manifest, "
+                "strip, compress)");
   ExpectProblem("[verify]\nstrict = true\n",
                 "team/ckptool.toml:2:1: verify.strict: unknown key (known: none)");
   ExpectProblem("[retention]\nkeep_last = 2\n[retention.more]\nx = 1\n",

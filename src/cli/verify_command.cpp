@@ -160,9 +160,15 @@ int RunVerify(const VerifyCliOptions& o) {
     for (const auto& q : broken)
       Out() << Printable(fmt::format("{}: {}: {}", p, q.where, q.what)) << "\n";
   }
-  // Each checkpoint given with a manifest (ops/manifest.h): every file's bytes against it.
-  for (const std::string& p : o.paths) {
-    if (!HasManifest(p)) continue;
+  // Each checkpoint with a manifest, given or below a folder given (ops/manifest.h): every
+  // file's bytes against it.
+  std::vector<std::string> manifested;
+  for (const std::string& given : o.paths) {
+    for (std::string& m : ManifestedAt(given)) manifested.push_back(std::move(m));
+  }
+  std::sort(manifested.begin(), manifested.end());
+  manifested.erase(std::unique(manifested.begin(), manifested.end()), manifested.end());
+  for (const std::string& p : manifested) {
     ++checked;
     const std::string manifest = ManifestPathOf(p);
     uint64_t hashed = 0;

@@ -20,6 +20,7 @@
 #include "io/parallel_crc.h"
 #include "io/range_stream.h"
 #include "io/temp_files.h"
+#include "ops/manifest.h"
 #include "pickle/writer.h"
 
 namespace ckpt {
@@ -186,7 +187,7 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
   for (const auto& e : fs::directory_iterator(folder)) {
     std::string name = e.path().filename().string();
     if (std::count(c.metadata_files.begin(), c.metadata_files.end(), name) ||
-        data_names.count(name) || IsTempFileName(name))
+        data_names.count(name) || IsTempFileName(name) || IsManifestName(name))
       continue;
     others.push_back(name);
     std::error_code ec;
@@ -205,6 +206,18 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
     return r;
   }
   if (o.dry_run) return r;
+  // A manifest inside (ops/manifest.h) vouches for these bytes, which carry no checksum of their
+  // own: they must still match it before anything is carried over, and a folder stripped in
+  // place gets it written anew (a copy elsewhere gets none, as convert -o).
+  const bool manifest = HasManifest(folder);
+  if (manifest) {
+    std::vector<torch::Problem> changed = CheckManifest(folder, o.threads);
+    if (!changed.empty())
+      Fail(
+          "{}: {}: {} ({} problem(s) in all); refusing a damaged input: nothing stripped (run "
+          "ckptool verify)",
+          folder, changed[0].where, changed[0].what, changed.size());
+  }
 
   // Build the new folder beside its destination.
   fs::path dest = fs::absolute(o.output.empty() ? fs::path(folder) : fs::path(o.output));
@@ -313,6 +326,14 @@ StripResult StripDcp(const std::string& folder, const StripOptions& o) {
   LogCommitForTests(dest.string());
   SyncFolder(dest.parent_path().string());
   r.rewritten = true;
+  if (manifest && o.output.empty()) {
+    ManifestOptions mo;
+    mo.threads = o.threads;
+    WithContext(fmt::format("{}: stripped, but its manifest could not be written anew (run "
+                            "ckptool manifest)",
+                            folder),
+                [&] { WriteManifest(dest.string(), mo); });
+  }
   return r;
 }
 

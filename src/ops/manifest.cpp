@@ -49,8 +49,9 @@ bool Ignored(const std::string& rel) {
 // What a manifest of `path` covers: the file itself, or every file below the folder.
 Tree Walk(const std::string& path) {
   Tree t;
-  if (!fs::is_directory(path)) {
-    t.files.push_back(fs::path(path).filename().string());
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (fs::is_regular_file(path, ec)) t.files.push_back(fs::path(path).filename().string());
     return t;
   }
   for (auto it = fs::recursive_directory_iterator(path); it != fs::recursive_directory_iterator();
@@ -255,6 +256,33 @@ std::string ManifestPathOf(const std::string& path) {
 bool HasManifest(const std::string& path) {
   std::error_code ec;
   return fs::exists(ManifestPathOf(path), ec);
+}
+
+std::vector<std::string> ManifestedAt(const std::string& path) {
+  std::vector<std::string> out;
+  if (HasManifest(path)) out.push_back(path);
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(path, ec))) return out;
+  for (auto it = fs::recursive_directory_iterator(path, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (IsTempFileName(name) || name == ".git") {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+    if (name == kManifestName) {
+      std::string folder = it->path().parent_path().string();
+      if (!fs::equivalent(folder, path, ec)) out.push_back(folder);
+    } else if (name.ends_with(kManifestSuffix)) {
+      std::string file = it->path().string();
+      file.resize(file.size() - std::string_view(kManifestSuffix).size());
+      out.push_back(file);  // gone or not: verify says which
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 std::string TensorDigest(const LogicalTensor& t) {

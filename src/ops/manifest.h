@@ -64,6 +64,10 @@ std::vector<torch::Problem> CheckManifest(const std::string& path, unsigned thre
 // Does a manifest exist for `path`?
 bool HasManifest(const std::string& path);
 
+// The checkpoints at or below `path` that have a manifest (the path itself, each folder with a
+// ckptool-manifest.json, each file with one beside it), sorted; what verify checks.
+std::vector<std::string> ManifestedAt(const std::string& path);
+
 // The hooks that keep manifests true (installed once by every command-line entry point):
 // before a file is replaced in place, it must match every manifest that names it; after, those
 // manifests get its new digests (and its tensors', when they hold them).

@@ -236,6 +236,10 @@ class ManifestTest(TempDirTest):
         r = run("latest", root)
         self.assertEqual(r.stdout.strip(), os.path.join(root, "checkpoint-1"))
         self.assertIn("skipped checkpoint-2: damaged", r.stderr)
+        # verify of the run's folder checks each checkpoint's manifest below it.
+        v = run("verify", root, expect=1).stdout
+        self.assertIn(os.path.join(root, "checkpoint-2") + ": model.safetensors: its SHA-256 differs", v)
+        self.assertIn(os.path.join(root, "checkpoint-1") + ": OK (matches", v)
         self.assertIn("model.safetensors", r.stderr)
 
 
@@ -317,6 +321,42 @@ class ManifestTest(TempDirTest):
         self.assertEqual(sorted(os.listdir(root)), ["step_3.pt.ckz"])
         run("decompress", last + ".ckz", "--rm")
         self.assertEqual(sorted(os.listdir(root)), ["step_3.pt"])
+
+
+    def test_a_dcp_folder_stripped_in_place_gets_its_manifest_anew(self):
+        import torch.distributed.checkpoint as dcp
+        import warnings
+        folder = os.path.join(self.tmp, "dcp")
+        torch.manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"model": {"w": torch.randn(64, 64)},
+                      "optimizer": {"state": {"0": {"exp_avg": torch.randn(64, 64)}}}},
+                     checkpoint_id=folder)
+        run("manifest", folder)
+        before = manifest_of(folder)["tensors"][0]["digests"]
+        run("strip", folder)
+        self.assertIn("matches", run("verify", folder).stdout)
+        after = manifest_of(folder)["tensors"][0]["digests"]
+        self.assertEqual(after, {k: v for k, v in before.items() if k.startswith("model.")})
+        # Bytes changed since the manifest: refused, the folder untouched.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"model": {"w": torch.randn(64, 64)},
+                      "optimizer": {"state": {"0": {"exp_avg": torch.randn(64, 64)}}}},
+                     checkpoint_id=os.path.join(self.tmp, "dcp2"))
+        folder = os.path.join(self.tmp, "dcp2")
+        run("manifest", folder)
+        chunk = max((os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".distcp")),
+                    key=os.path.getsize)
+        with open(chunk, "r+b") as f:
+            f.seek(os.path.getsize(chunk) - 10)
+            b = f.read(1)
+            f.seek(os.path.getsize(chunk) - 10)
+            f.write(bytes([b[0] ^ 0x40]))
+        r = run("strip", folder, expect=1)
+        self.assertIn("SHA-256 differs", r.stderr)
+        self.assertIn("nothing stripped", r.stderr)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,15 @@ def manifest_of(path):
         return json.load(f)
 
 
+def flip_bit(path, at, mask=1):
+    """XORs the byte at `at` with `mask`: one changed byte the file's size does not show."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def data_offset(st_path):
     with open(st_path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -109,11 +118,7 @@ class ManifestTest(TempDirTest):
         # A bit flipped in a DCP chunk's tensor bytes: only the manifest sees it.
         chunk = max((os.path.join(dcp_dir, n) for n in os.listdir(dcp_dir) if n.endswith(".distcp")),
                     key=os.path.getsize)
-        with open(chunk, "r+b") as f:
-            f.seek(os.path.getsize(chunk) // 2)
-            b = f.read(1)
-            f.seek(os.path.getsize(chunk) // 2)
-            f.write(bytes([b[0] ^ 4]))
+        flip_bit(chunk, os.path.getsize(chunk) // 2, 4)
         self.assertIn(os.path.basename(chunk) + ": its SHA-256 differs",
                       run("verify", dcp_dir, expect=1).stdout)
         os.remove(os.path.join(dcp_dir, "ckptool-manifest.json"))
@@ -132,11 +137,7 @@ class ManifestTest(TempDirTest):
 
         def flip(path):
             at = rng.randrange(data_offset(path), os.path.getsize(path))
-            with open(path, "r+b") as f:
-                f.seek(at)
-                b = f.read(1)
-                f.seek(at)
-                f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+            flip_bit(path, at, 1 << rng.randrange(8))
 
         def zero_page(path):
             at = rng.randrange(data_offset(path), os.path.getsize(path) - 4096)
@@ -228,11 +229,7 @@ class ManifestTest(TempDirTest):
             ck = hf_checkpoint(os.path.join(root, f"checkpoint-{step}"), seed=step - 1)
             run("manifest", ck)
         st = os.path.join(root, "checkpoint-2", "model.safetensors")
-        with open(st, "r+b") as f:
-            f.seek(data_offset(st) + 100)
-            b = f.read(1)
-            f.seek(data_offset(st) + 100)
-            f.write(bytes([b[0] ^ 1]))
+        flip_bit(st, data_offset(st) + 100, 1)
         r = run("latest", root)
         self.assertEqual(r.stdout.strip(), os.path.join(root, "checkpoint-1"))
         self.assertIn("skipped checkpoint-2: damaged", r.stderr)
@@ -297,11 +294,7 @@ class ManifestTest(TempDirTest):
         again = run("apply", root, "--settle", "0", "--json")
         self.assertNotIn('"manifest"', again.stdout)
         st = os.path.join(root, "checkpoint-2", "model.safetensors")
-        with open(st, "r+b") as f:
-            f.seek(data_offset(st) + 64)
-            b = f.read(1)
-            f.seek(data_offset(st) + 64)
-            f.write(bytes([b[0] ^ 0x10]))
+        flip_bit(st, data_offset(st) + 64, 0x10)
         self.assertEqual(run("latest", root).stdout.strip(), os.path.join(root, "checkpoint-1"))
 
 
@@ -349,11 +342,7 @@ class ManifestTest(TempDirTest):
         run("manifest", folder)
         chunk = max((os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".distcp")),
                     key=os.path.getsize)
-        with open(chunk, "r+b") as f:
-            f.seek(os.path.getsize(chunk) - 10)
-            b = f.read(1)
-            f.seek(os.path.getsize(chunk) - 10)
-            f.write(bytes([b[0] ^ 0x40]))
+        flip_bit(chunk, os.path.getsize(chunk) - 10, 0x40)
         r = run("strip", folder, expect=1)
         self.assertIn("SHA-256 differs", r.stderr)
         self.assertIn("nothing stripped", r.stderr)

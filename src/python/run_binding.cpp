@@ -59,9 +59,16 @@ struct Job {
       std::vector<char*> args;
       for (std::string& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
-      cluster::BeginCommand();
-      rc = cli::RunCommandLine(static_cast<int>(argv.size()), args.data());
-      rc = cluster::Finish(rc);
+      try {
+        cluster::BeginCommand();
+        rc = cli::RunCommandLine(static_cast<int>(argv.size()), args.data());
+        rc = cluster::Finish(rc);
+      } catch (...) {
+        // RunCommandLine reports what a command throws; anything else must still end the
+        // wait below (and not std::terminate the process from this thread).
+        said.errors.push_back("internal error: the command ended with an unknown exception");
+        rc = 1;
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     done = true;

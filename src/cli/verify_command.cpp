@@ -139,26 +139,31 @@ int RunVerify(const VerifyCliOptions& o) {
   for (size_t i = 0; i < found.size() && !live; ++i) {
     if (!report(i)) return 1;
   }
+  // Checks of a whole checkpoint beyond its files: counted, and reported as one row of the
+  // JSON report (under `json_path`) or as problem lines under `path`.
+  auto report_whole = [&](const std::string& path, const std::string& json_path,
+                          const std::vector<torch::Problem>& found_here) {
+    problems += found_here.size();
+    if (!found_here.empty()) ++bad;
+    if (o.json) {
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const auto& q : found_here)
+        list.push_back({{"where", q.where}, {"what", q.what}, {"unsafe", false}});
+      doc["checkpoints"].push_back({{"path", json_path},
+                                    {"ok", found_here.empty()},
+                                    {"problems", list},
+                                    {"notes", nlohmann::ordered_json::array()}});
+      return;
+    }
+    for (const auto& q : found_here)
+      Out() << Printable(fmt::format("{}: {}: {}", path, q.where, q.what)) << "\n";
+  };
   // What each folder given promises beyond its files (ops/folder_checks.h): indexes against
   // their shards, links against their targets.
   size_t checked = items.size();
   for (const std::string& p : o.paths) {
     std::vector<torch::Problem> broken = CheckFolderPromises(p);
-    if (broken.empty()) continue;
-    problems += broken.size();
-    ++bad;
-    if (o.json) {
-      nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      for (const auto& q : broken)
-        list.push_back({{"where", q.where}, {"what", q.what}, {"unsafe", false}});
-      doc["checkpoints"].push_back({{"path", p},
-                                    {"ok", false},
-                                    {"problems", list},
-                                    {"notes", nlohmann::ordered_json::array()}});
-      continue;
-    }
-    for (const auto& q : broken)
-      Out() << Printable(fmt::format("{}: {}: {}", p, q.where, q.what)) << "\n";
+    if (!broken.empty()) report_whole(p, p, broken);
   }
   // Each checkpoint with a manifest, given or below a folder given (ops/manifest.h): every
   // file's bytes against it.
@@ -172,22 +177,9 @@ int RunVerify(const VerifyCliOptions& o) {
     ++checked;
     const std::string manifest = ManifestPathOf(p);
     uint64_t hashed = 0;
-    std::vector<torch::Problem> found_here = CheckManifest(p, o.threads, &hashed);
-    problems += found_here.size();
-    if (!found_here.empty()) ++bad;
-    if (o.json) {
-      nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      for (const auto& q : found_here)
-        list.push_back({{"where", q.where}, {"what", q.what}, {"unsafe", false}});
-      doc["checkpoints"].push_back({{"path", manifest},
-                                    {"ok", found_here.empty()},
-                                    {"problems", list},
-                                    {"notes", nlohmann::ordered_json::array()}});
-      continue;
-    }
-    for (const auto& q : found_here)
-      Out() << Printable(fmt::format("{}: {}: {}", p, q.where, q.what)) << "\n";
-    if (found_here.empty() && !o.quiet)
+    std::vector<torch::Problem> changed = CheckManifest(p, o.threads, &hashed);
+    report_whole(p, manifest, changed);
+    if (changed.empty() && !o.json && !o.quiet)
       Out() << Printable(fmt::format("{}: OK (matches {}: {} SHA-256-checked)", p, manifest,
                                      HumanBytes(hashed)))
             << "\n";

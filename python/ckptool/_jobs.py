@@ -235,15 +235,18 @@ manifest = _job("manifest", "The checkpoint must verify first; docs/manifest.md"
 JOBS = [n for n, _ in _core.commands() if n not in _NOT_JOBS]  # in the CLI's order
 
 
-def latest(root: Any, *, threads: Optional[int] = None) -> Optional[str]:
+def latest(root: Any, *, threads: Optional[int] = None, structure: bool = False) -> Optional[str]:
     """The path of the newest checkpoint under `root` (by the step in its name) that is complete
     and verifies, or None when there is none: `ckptool latest ROOT`. Why newer ones were passed
-    over: ckptool.run("latest", root).report["skipped"]. Resume from it:
+    over: ckptool.run("latest", root).report["skipped"]. `structure=True` reads no data byte
+    (a cut or missing file is seen, a flipped bit is not). Resume from it:
 
         trainer.train(resume_from_checkpoint=ckptool.latest("out"))        # transformers
         trainer.fit(model, ckpt_path=ckptool.latest("checkpoints"))        # Lightning
+        p = ckptool.latest("ckpt"); engine.load_checkpoint("ckpt", tag=os.path.basename(p))
+                                                                           # DeepSpeed
     """
-    return run("latest", root, threads=threads).report["latest"]
+    return run("latest", root, threads=threads, structure=structure).report["latest"]
 
 __all__ = ["run", "Result", "CheckpointWarning", "latest", "inspect", "verify", "shrink",
            "convert", "strip", "export", "compress", "decompress", "prune", "apply", "manifest",

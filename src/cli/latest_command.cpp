@@ -19,10 +19,11 @@ struct LatestCliOptions {
   unsigned threads = DefaultThreads();
   bool json = false;
   bool quiet = false;
+  bool structure = false;
 };
 
 int RunLatest(const LatestCliOptions& o) {
-  policy::LatestResult r = policy::FindLatest(o.root, o.threads);
+  policy::LatestResult r = policy::FindLatest(o.root, o.threads, !o.structure);
   if (o.json) {
     nlohmann::ordered_json j = {
         {"root", o.root},
@@ -62,6 +63,9 @@ Runner AddLatest(CLI::App& app) {
   app.add_flag("--json", o->json,
                "Print {latest, step, checkpoints, skipped: [{name, step, reason}]}");
   app.add_flag("-q,--quiet", o->quiet, "Do not say what was skipped");
+  app.add_flag("--structure", o->structure,
+               "Check structure only (sizes, headers, ranks, chunks, shards, a manifest's names "
+               "and sizes): no data byte is read, so a flipped bit goes unseen");
   app.footer(
       "Prints the path of the newest checkpoint under ROOT (by the step in its name) that is "
       "complete (its framework's marker written, no file open for writing) and verifies "

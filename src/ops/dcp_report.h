@@ -24,6 +24,6 @@ struct DcpVerifyResult {
   uint64_t items_checked = 0;
   uint64_t bytes_checked = 0;
 };
-DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads);
+DcpVerifyResult VerifyDcp(const dcp::Checkpoint& c, unsigned threads, bool checksums = true);
 
 }  // namespace ckpt

@@ -281,7 +281,8 @@ PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
           fmt::format("{}: left by an interrupted prune{}", name, o.yes ? "; removed" : ""));
       continue;
     }
-    if (e.is_symlink(ec)) continue;  // never followed; its target is protected below
+    if (e.is_symlink(ec)) continue;      // never followed; its target is protected below
+    if (IsManifestName(name)) continue;  // a file checkpoint's manifest goes with it
     int64_t step = StepFromName(name);
     bool latest_copy = step < 0 && IsLastCheckpointName(name) && e.is_regular_file(ec);
     if (step < 0 && !latest_copy) continue;

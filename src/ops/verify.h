@@ -41,8 +41,9 @@ struct VerifyOutcome {
 // Verifies one located checkpoint (ops/discovery.h) of any kind: a file (its records' CRC32s,
 // structure and pickle), a ZeRO folder (its partitions add up), a DCP folder (chunks tile every
 // tensor), a .ckz archive (every chunk's checksum, then what it holds, as restored). Throws
-// ckpt::Error when the checkpoint cannot be read at all. `checksums` false: the CRC32 pass over
-// the records of torch files is left out (the structure is read as always).
+// ckpt::Error when the checkpoint cannot be read at all. `checksums` false: structure only, no
+// data byte read: no CRC32 pass over torch and DCP records, an archive's index and chunk extents
+// without decoding.
 VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::Trust& trust,
                             bool checksums = true);
 

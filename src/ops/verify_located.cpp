@@ -23,6 +23,15 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
       // checkpoints it holds, verified as they would be once restored (what torch.load of
       // them would run is what matters), read in place through the archive's skeleton.
       ckz::Archive a = ckz::Archive::Open(path);
+      if (!checksums) {
+        // Structure: the index read and every chunk within the file (Archive::Open checks
+        // both); nothing decoded.
+        return VerifyOutcome{{},
+                             fmt::format("{}: OK (ckz archive: {}, structure only: index and "
+                                         "chunk extents, nothing decoded)",
+                                         path, Count(a.index().entries.size(), "entry")),
+                             {}};
+      }
       ArchiveVerifyResult r = VerifyArchive(a, threads);
       VerifyOutcome out{std::move(r.problems),
                         fmt::format("{}: OK (ckz archive: {}, {} decoded, {} CRC-checked", path,
@@ -72,10 +81,11 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
     case Container::kFile: {
       CheckpointFile f = OpenCheckpoint(path);
       VerifyResult r = Verify(f, threads, trust, checksums);
-      std::string what = f.format == Format::kTorchZip
-                             ? fmt::format("{} records, {} CRC-checked", r.records_checked,
-                                           HumanBytes(r.bytes_checked))
-                             : "structure checked; the format carries no checksums";
+      std::string what = f.format != Format::kTorchZip
+                             ? "structure checked; the format carries no checksums"
+                         : checksums ? fmt::format("{} records, {} CRC-checked", r.records_checked,
+                                                   HumanBytes(r.bytes_checked))
+                                     : "structure only: records not CRC-checked";
       return VerifyOutcome{std::move(r.problems),
                            fmt::format("{}: OK ({}, {})", path, FormatName(f.format), what),
                            std::move(r.notes)};
@@ -92,13 +102,15 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
     case Container::kDcp: {
       // A torch.distributed.checkpoint folder: every item, chunk and byte accounted for.
       dcp::Checkpoint c = dcp::OpenDcp(path, trust);
-      DcpVerifyResult r = VerifyDcp(c, threads);
+      DcpVerifyResult r = VerifyDcp(c, threads, checksums);
       return VerifyOutcome{
           std::move(r.problems),
-          fmt::format("{}: OK (torch.distributed.checkpoint: {} tensors in {} items of "
-                      "{} files, chunks tile every tensor, {} CRC-checked)",
-                      path, c.tensors.size(), r.items_checked, c.files.size(),
-                      HumanBytes(r.bytes_checked)),
+          fmt::format("{}: OK (torch.distributed.checkpoint: {} tensors, {} files, chunks tile "
+                      "every tensor, {})",
+                      path, c.tensors.size(), c.files.size(),
+                      checksums ? fmt::format("{} items, {} CRC-checked", r.items_checked,
+                                              HumanBytes(r.bytes_checked))
+                                : "structure only: records not CRC-checked"),
           std::move(r.notes)};
     }
   }

@@ -12,7 +12,7 @@ namespace ckpt::policy {
 
 namespace fs = std::filesystem;
 
-LatestResult FindLatest(const std::string& root, unsigned threads) {
+LatestResult FindLatest(const std::string& root, unsigned threads, bool checksums) {
   if (!fs::is_directory(root)) Fail("{}: not a folder", root);
   Completeness::Options co;
   co.settle_seconds = 0;
@@ -47,7 +47,7 @@ LatestResult FindLatest(const std::string& root, unsigned threads) {
           {e.name, step, "compressed (.ckz): ckptool decompress it to resume from it"});
       continue;
     }
-    std::vector<torch::Problem> damage = FindDamage(path, threads);
+    std::vector<torch::Problem> damage = FindDamage(path, threads, checksums);
     if (!damage.empty()) {
       r.skipped.push_back({e.name, step, "damaged: " + DescribeDamage(damage, path)});
       continue;

@@ -26,7 +26,8 @@ struct LatestResult {
   size_t candidates = 0;         // checkpoints recognised under ROOT
 };
 
-// Throws ckpt::Error when ROOT is not a folder.
-LatestResult FindLatest(const std::string& root, unsigned threads);
+// Throws ckpt::Error when ROOT is not a folder. `checksums` false: structure only (sizes,
+// headers, ranks, chunks, shards, a manifest's names and sizes), no data byte read.
+LatestResult FindLatest(const std::string& root, unsigned threads, bool checksums = true);
 
 }  // namespace ckpt::policy

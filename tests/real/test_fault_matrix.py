@@ -4,7 +4,8 @@ four ranks, and a plain torch.save. Each fault is made on a fresh copy: one bit 
 data, a 4 KiB page of tensor data zeroed, the biggest file cut at a random byte, a structural file
 deleted (a rank file, a chunk file, a model file, DeepSpeed's `latest`).
 
-With a manifest (written on the intact copy) verify finds every fault. Without one it finds what
+With a manifest (written on the intact copy) verify finds every fault, and `verify --structure`
+(no data byte read) every cut or deleted file. Without one it finds what
 docs/manifest.md's table says: every cut file and every deleted rank or chunk file; a flipped bit
 or zeroed page only where the format has a checksum (torch zip records), not in safetensors or
 DCP chunk data. Intact copies raise no alarm either way. The fixtures are the ones the other
@@ -166,9 +167,18 @@ class FaultMatrixTest(TempDirTest):
                         os.remove(target)
                     with_manifest = run("verify", ck, expect=1)
                     self.assertIn(os.path.basename(manifest), with_manifest.stdout + with_manifest.stderr)
+                    # --structure reads no data byte: with the manifest's sizes it sees every cut
+                    # and deleted file; a flipped bit or zeroed page only where it lands in
+                    # structure (a pickle, a zip header), which verify without a manifest sees too.
+                    quick = run("verify", "--structure", ck, expect=None)
+                    quick_found = quick.returncode != 0
+                    if fault not in ("flip", "zero"):
+                        self.assertTrue(quick_found, f"verify --structure after {fault}:\n{quick.stdout}")
                     os.remove(manifest)
                     without = run("verify", ck, expect=None)
                     found = without.returncode != 0
+                    if quick_found and fault in ("flip", "zero"):
+                        self.assertTrue(found, f"--structure found what verify did not: {quick.stdout}")
                     outcomes.append(f"{name:12} {fault:14} {os.path.basename(target):42} {kind:11} "
                                     f"manifest: found  without: {'found' if found else 'not found'}")
                     if fault == "truncate" or kind == "structural":

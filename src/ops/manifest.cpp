@@ -322,10 +322,33 @@ ManifestResult WriteManifest(const std::string& path, const ManifestOptions& o) 
   Tree tree = Walk(path);
   std::vector<std::string> digests(tree.files.size());
   std::vector<uint64_t> sizes(tree.files.size());
-  ParallelFor(tree.files.size(), o.threads, [&](size_t i) {
-    std::string file = Join(base, tree.files[i]);
-    sizes[i] = fs::file_size(file);
-    digests[i] = Sha256OfFile(file);
+  Json units = Json::array();
+  // The files' SHA-256s and the tensors' digests side by side: one file's SHA-256 is one
+  // thread's work, and the tensors read the pages that hashing the file brings in.
+  ParallelFor(o.tensors ? 2 : 1, 2, [&](size_t part) {
+    if (part == 0) {
+      ParallelFor(tree.files.size(), o.threads, [&](size_t i) {
+        std::string file = Join(base, tree.files[i]);
+        sizes[i] = fs::file_size(file);
+        digests[i] = Sha256OfFile(file);
+      });
+      return;
+    }
+    for (const std::string& unit : TensorUnits(path)) {
+      std::string at = unit == "." ? path : Join(base, unit);
+      Json digests_of;
+      try {
+        digests_of = DigestsOf(at, o.threads, &r.notes, &r.tensors);
+      } catch (const Error& e) {
+        r.notes.push_back(fmt::format("{}: no tensor digests ({})", at, e.what()));
+        continue;
+      }
+      units.push_back({{"of", unit},
+                       {"digest",
+                        "sha256 of \"<dtype>[<shape>]\\n\" and the row-major "
+                        "little-endian elements"},
+                       {"digests", std::move(digests_of)}});
+    }
   });
   Json resources = Json::array();
   for (size_t i = 0; i < tree.files.size(); ++i) {
@@ -349,25 +372,7 @@ ManifestResult WriteManifest(const std::string& path, const ManifestOptions& o) 
               {"ignore_paths", ignore}}},
             {"resources", resources},
             {"symlinks", links}};
-  if (o.tensors) {
-    Json units = Json::array();
-    for (const std::string& unit : TensorUnits(path)) {
-      std::string at = unit == "." ? path : Join(base, unit);
-      Json digests_of;
-      try {
-        digests_of = DigestsOf(at, o.threads, &r.notes, &r.tensors);
-      } catch (const Error& e) {
-        r.notes.push_back(fmt::format("{}: no tensor digests ({})", at, e.what()));
-        continue;
-      }
-      units.push_back({{"of", unit},
-                       {"digest",
-                        "sha256 of \"<dtype>[<shape>]\\n\" and the row-major "
-                        "little-endian elements"},
-                       {"digests", std::move(digests_of)}});
-    }
-    j["tensors"] = std::move(units);
-  }
+  if (o.tensors) j["tensors"] = std::move(units);
   WriteJson(r.manifest, j);
   return r;
 }

@@ -12,8 +12,9 @@ scheduler and gradient clipping from the config.
         trains STEPS steps, engine.save_checkpoint(OUT/ckpt) (tag global_step<STEPS>), trains
         MORE steps further; OUT/train.json holds every rank's losses (float.hex) and lrs.
     python -c script() OUT resume SPEC.json
-        SPEC: [{"name", "dir", "kind": "full" | "module", "stage", "dtype", "align"}, ...]. For
-        each, in the same two processes: a fresh model and deepspeed.initialize, engine.load_checkpoint(dir) (full: everything;
+        SPEC: [{"name", "dir", "kind": "full" | "module", "stage", "dtype", "align", "tag"?}, ...].
+        For each, in the same two processes: a fresh model and deepspeed.initialize,
+        engine.load_checkpoint(dir, tag=tag) (no tag: the one `latest` names; full: everything;
         module: load_module_only=True, load_optimizer_states=False,
         load_lr_scheduler_states=False), then MORE steps on the data of steps STEPS..;
         OUT/resume.json: name -> {"losses", "lrs", "global_steps", "count"} or {"error"}.
@@ -176,9 +177,9 @@ def work(rank, out, mode, stage, dtype, align, spec):  # noqa: PLR0913
         eng = engine(item["stage"], item["dtype"], item["align"])
         try:
             if item["kind"] == "full":
-                path, _ = eng.load_checkpoint(item["dir"])
+                path, _ = eng.load_checkpoint(item["dir"], tag=item.get("tag"))
             else:
-                path, _ = eng.load_checkpoint(item["dir"], load_module_only=True,
+                path, _ = eng.load_checkpoint(item["dir"], tag=item.get("tag"), load_module_only=True,
                                               load_optimizer_states=False,
                                               load_lr_scheduler_states=False)
             if path is None:

@@ -133,9 +133,9 @@ def _make_resumes():
         _, ckpt, _ = trained(name)
         where = os.path.join(base, name)
 
-        def add(variant, folder, kind):
+        def add(variant, folder, kind, tag=None):
             spec.append({"name": f"{name}/{variant}", "dir": folder, "kind": kind,
-                         "stage": stage, "dtype": dtype, "align": align})
+                         "stage": stage, "dtype": dtype, "align": align, "tag": tag})
 
         def variant(v, *args):
             folder = os.path.join(where, v)
@@ -147,6 +147,23 @@ def _make_resumes():
 
         add("original-full", ckpt, "full")
         add("original-module", ckpt, "module")
+        # A newer tag that `latest` names, its rank 1 optimizer file cut short (a crash while
+        # saving): ckptool latest must name the tag before it, which resumes exactly.
+        folder = os.path.join(where, "latest")
+        shutil.copytree(ckpt, folder)
+        newer = os.path.join(folder, "global_step6")
+        shutil.copytree(os.path.join(folder, TAG), newer)
+        cut = next(os.path.join(newer, n) for n in os.listdir(newer)
+                   if "optim_states" in n and "rank_1" in n)
+        os.truncate(cut, os.path.getsize(cut) // 2)
+        with open(os.path.join(folder, "latest"), "w") as f:
+            f.write("global_step6")
+        p = run("latest", "--json", folder, expect=None)
+        answer = json.loads(p.stdout)["latest"] if p.returncode == 0 else None
+        if answer != os.path.join(folder, TAG):
+            prep[f"{name}/latest-full"] = f"latest -> {p.returncode}\n{p.stdout}{p.stderr}"
+        else:
+            add("latest-full", folder, "full", tag=os.path.basename(answer))
         folder, p = variant("shrink", "shrink", "--checkpoint_dir", "{}")
         if p.returncode == 0:
             add("shrink-full", folder, "full")
@@ -359,6 +376,13 @@ class _ZeroTests:
         for rank, r in enumerate(module):   # same weights: the first loss; no optimizer state
             self.assertEqual(r["losses"][0], self.record[rank]["losses"][STEPS])
             self.assertNotEqual(r["losses"], self.record[rank]["losses"][STEPS:])
+
+    def test_latest_skips_a_damaged_tag_and_resumes_exactly(self):
+        """`latest` names global_step6 (a rank file cut short); ckptool latest names the tag
+        before it, and load_checkpoint(dir, tag=...) from it gives the run's own losses."""
+        self.assertEqual(self.resumed("latest-full"), self.resumed("original-full"))
+        for rank, r in enumerate(self.resumed("latest-full")):
+            self.assertEqual(r["losses"], self.record[rank]["losses"][STEPS:], f"rank {rank}")
 
     def test_resume_after_shrink(self):
         self.assertEqual(self.resumed("shrink-full"), self.resumed("original-full"))

@@ -76,6 +76,37 @@ class LightningTest(TempDirTest):
         losses, _ = self.resume(other, "other")
         self.assertNotEqual(losses, self.losses[RESUME_STEP:], "the optimizer state does not matter?")
 
+    def test_latest_skips_damaged_checkpoints_and_resumes_exactly(self):
+        """The two newest checkpoints damaged (one cut short as by a crash while writing, one
+        with a flipped bit in its biggest record): `latest` names the newest intact one, and
+        fit(ckpt_path=...) from it gives the uninterrupted run's losses and final weights."""
+        import zipfile
+        root = self.path("run")
+        shutil.copytree(self.ckpts, root)
+        self.assertEqual(run("latest", root).stdout.strip(), os.path.join(root, LAST_NAME))
+        newer = [f"epoch={e}-step={(e + 1) * R.STEPS_PER_EPOCH}.ckpt"
+                 for e in range(R.RESUME_EPOCH + 1, R.EPOCHS)]
+        self.assertEqual(newer[-1], LAST_NAME)
+        cut = os.path.join(root, newer[-1])
+        os.truncate(cut, os.path.getsize(cut) * 2 // 3)
+        flipped = os.path.join(root, newer[0])
+        with zipfile.ZipFile(flipped) as z:
+            rec = max(z.infolist(), key=lambda i: i.compress_size)
+        with open(flipped, "r+b") as f:
+            f.seek(rec.header_offset + 26)
+            n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+            at = rec.header_offset + 30 + n + m + rec.compress_size // 2
+            f.seek(at)
+            b = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([b ^ 0x10]))
+        torch_load(flipped)  # torch.load reads it without a word: only the CRC32 tells
+        r = run_json("latest", "--json", root)
+        self.assertEqual(r["latest"], os.path.join(root, RESUME_NAME))
+        self.assertEqual([s["name"] for s in r["skipped"]], list(reversed(newer)))
+        self.assertIn("CRC32", r["skipped"][1]["reason"])
+        self.assertResumesExactly(r["latest"], "latest")
+
     def test_inspect_and_verify(self):
         r = run("verify", self.ckpts, self.best)
         self.assertEqual(r.stdout.count(": OK"), len(os.listdir(self.ckpts)) + 2, r.stdout)

@@ -18,6 +18,7 @@
 #include "cli/progress.h"
 #include "dcp/dcp_checkpoint.h"
 #include "file/checkpoint_file.h"
+#include "io/atomic_output.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
 #include "ops/dcp_strip.h"
@@ -168,12 +169,13 @@ int RunStrip(StripCliOptions o) {
       state = so.dry_run ? "would be left out of the copy" : "left out of the copy";
     } else if (o.delete_files && !so.dry_run) {
       NoteChanging();
-      if (std::filesystem::remove(t, ec)) {
+      if (RemoveOutputFile(t, ec)) {
         row["deleted"] = true;
         state = "deleted";
       } else {
         // A file that could not be deleted is a failure, not a suggestion.
-        std::string why = ec ? ec.message() : "it was gone already";
+        std::string why =
+            ec == std::errc::no_such_file_or_directory ? "it was gone already" : ec.message();
         row["error"] = why;
         PrintError(
             Printable(fmt::format("{}: could not delete this training-only file: {}", t, why)));

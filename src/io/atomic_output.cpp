@@ -75,11 +75,26 @@ std::string ReplacedFile(const std::string& path, bool* exists) {
 namespace {
 std::atomic<ReplaceHook> g_before_replace{nullptr};
 std::atomic<ReplaceHook> g_after_replace{nullptr};
+std::atomic<ReplaceHook> g_removed{nullptr};
 }  // namespace
 
 void SetReplaceHooks(ReplaceHook before, ReplaceHook after) {
   g_before_replace = before;
   g_after_replace = after;
+}
+
+void SetRemoveHook(ReplaceHook removed) {
+  g_removed = removed;
+}
+
+bool RemoveOutputFile(const std::string& path, std::error_code& ec) {
+  ec.clear();
+  if (!std::filesystem::remove(path, ec)) {
+    if (!ec) ec = std::make_error_code(std::errc::no_such_file_or_directory);
+    return false;
+  }
+  if (ReplaceHook removed = g_removed.load()) removed(path);
+  return true;
 }
 
 AtomicOutput AtomicOutput::Create(const std::string& path, uint64_t size) {
@@ -357,9 +372,7 @@ void AtomicOutput::Commit() {
     ::close(dfd);
   }
   Discard();
-  if (replaces_) {
-    if (ReplaceHook after = g_after_replace.load()) after(final_path_);
-  }
+  if (ReplaceHook after = g_after_replace.load()) after(final_path_);
 }
 
 }  // namespace ckpt

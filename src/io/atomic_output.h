@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "base/byte_cursor.h"
@@ -31,10 +32,16 @@ void LogCommitForTests(const std::string& path);
 // Hooks around replacing an existing file in place (manifests use them: ops/manifest.h).
 // `before(path)` runs when Commit() is about to replace `path` with what was made from it (an
 // input of the output is that file, or no input was named) and may throw to refuse; `after(path)`
-// once Commit() has put any replacement in place (a throw there is the command's error: the file
-// is already replaced). Set once, before any command runs.
+// once Commit() has put any file in place, new or replacing one (a throw there is the command's
+// error: the file is already in place). Set once, before any command runs.
 using ReplaceHook = void (*)(const std::string& path);
 void SetReplaceHooks(ReplaceHook before, ReplaceHook after);
+
+// Deletes a file a command removes on purpose (strip --delete-files: a training-only file),
+// then runs the removal hook (manifests forget the file). Returns false with `ec` set when it
+// could not be deleted (nothing else is done then).
+bool RemoveOutputFile(const std::string& path, std::error_code& ec);
+void SetRemoveHook(ReplaceHook removed);
 
 class AtomicOutput {
  public:

@@ -201,6 +201,10 @@ void BeforeReplace(const std::string& file) {
   }
 }
 
+// After a file is put in place: every manifest naming it gets its new SHA-256 and size (and its
+// unit's tensor digests); a folder manifest above a new file (convert's SRC/bf16/, a file
+// written into a checkpoint folder) records it, so that verify does not report as added what
+// ckptool itself wrote from verified bytes.
 void AfterReplace(const std::string& file) {
   if (IsManifestName(fs::path(file).filename().string())) return;
   std::lock_guard<std::mutex> lock(g_hook_mutex);
@@ -214,7 +218,19 @@ void AfterReplace(const std::string& file) {
         r["size"] = fs::file_size(file);
         named = true;
       }
-      if (!named) continue;
+      if (!named) {
+        if (fs::path(manifest).filename().string() != kManifestName) continue;
+        Json& list = j["resources"];
+        Json entry = {{"name", name},
+                      {"algorithm", "sha256"},
+                      {"digest", Sha256OfFile(file)},
+                      {"size", fs::file_size(file)}};
+        auto at = std::find_if(list.begin(), list.end(),
+                               [&](const Json& r) { return r.value("name", "") > name; });
+        list.insert(at, std::move(entry));
+        WriteJson(manifest, j);
+        continue;
+      }
       // The tensors of the unit holding the file, digested again (convert changes them).
       if (j.contains("tensors")) {
         std::string base = fs::path(manifest).parent_path().string();
@@ -236,6 +252,38 @@ void AfterReplace(const std::string& file) {
       fs::remove(manifest, ec);
       Fail(
           "{}: replaced, but its manifest {} could not be brought up to date ({}): removed "
+          "rather than left stale; run ckptool manifest again",
+          file, manifest, e.what());
+    }
+  }
+}
+
+// After a file is deleted on purpose: the folder manifests above it no longer name it, and its
+// own sidecar goes with it.
+void AfterRemove(const std::string& file) {
+  if (IsManifestName(fs::path(file).filename().string())) return;
+  std::lock_guard<std::mutex> lock(g_hook_mutex);
+  std::error_code ec;
+  fs::remove(file + kManifestSuffix, ec);
+  for (const auto& [manifest, name] : Covering(file)) {
+    try {
+      Json j = ReadManifest(manifest);
+      Json& list = j["resources"];
+      auto gone = std::remove_if(list.begin(), list.end(),
+                                 [&](const Json& r) { return r.value("name", "") == name; });
+      if (gone == list.end()) continue;
+      list.erase(gone, list.end());
+      if (j.contains("tensors")) {
+        Json& units = j["tensors"];
+        units.erase(std::remove_if(units.begin(), units.end(),
+                                   [&](const Json& u) { return u.value("of", "") == name; }),
+                    units.end());
+      }
+      WriteJson(manifest, j);
+    } catch (const Error& e) {
+      fs::remove(manifest, ec);
+      Fail(
+          "{}: deleted, but its manifest {} could not be brought up to date ({}): removed "
           "rather than left stale; run ckptool manifest again",
           file, manifest, e.what());
     }
@@ -449,6 +497,7 @@ std::vector<torch::Problem> CheckManifest(const std::string& path, unsigned thre
 
 void InstallManifestHooks() {
   SetReplaceHooks(&BeforeReplace, &AfterReplace);
+  SetRemoveHook(&AfterRemove);
 }
 
 }  // namespace ckpt

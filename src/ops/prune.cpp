@@ -20,6 +20,7 @@
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "file/checkpoint_file.h"
+#include "io/atomic_output.h"
 #include "io/temp_files.h"
 #include "io/text_file.h"
 #include "ops/discovery.h"
@@ -212,7 +213,11 @@ void StripKept(const fs::path& p, PruneEntry& e, const PruneOptions& o) {
   std::vector<std::string> files;
   if (fs::is_directory(p)) {
     NoteChanging();
-    for (const std::string& t : TrainingOnlyFiles(p.string())) fs::remove(t);
+    for (const std::string& t : TrainingOnlyFiles(p.string())) {
+      std::error_code ec;
+      if (!RemoveOutputFile(t, ec) && ec != std::errc::no_such_file_or_directory)
+        Fail("{}: could not delete this training-only file: {}", t, ec.message());
+    }
     for (const std::string& f : ExpandInputs({p.string()})) files.push_back(f);
   } else {
     files.push_back(p.string());

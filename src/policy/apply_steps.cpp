@@ -19,6 +19,7 @@
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "file/checkpoint_file.h"
+#include "io/atomic_output.h"
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
@@ -211,8 +212,8 @@ StepOutcome RunStrip(const StepContext& c) {
       uint64_t size = FileSize(f);
       if (!c.dry_run) {
         std::error_code ec;
-        fs::remove(f, ec);
-        if (ec) Fail("{}: could not delete this training-only file: {}", f, ec.message());
+        if (!RemoveOutputFile(f, ec))
+          Fail("{}: could not delete this training-only file: {}", f, ec.message());
       }
       training += size;
       o.before += size;

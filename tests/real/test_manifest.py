@@ -223,6 +223,31 @@ class ManifestTest(TempDirTest):
         self.assertEqual(manifest_of(other), kept)
         self.assertIn("SHA-256 differs", run("verify", other, expect=1).stdout)
 
+    def test_files_written_into_or_deleted_from_a_checkpoint_folder_keep_it_true(self):
+        """convert's default output (SRC/bf16/) lands inside the checkpoint folder and strip
+        --delete-files deletes its training-only files: the folder's manifest records both, so
+        verify and latest do not condemn a checkpoint for what ckptool itself did."""
+        ck = hf_checkpoint(self.path("run", "checkpoint-1"))
+        run("manifest", ck)
+        run("convert", "--dtype", "bf16", ck)
+        names = {r["name"]: r for r in manifest_of(ck)["resources"]}
+        self.assertIn("bf16/model.safetensors", names)
+        self.assertEqual(names["bf16/model.safetensors"]["digest"],
+                         sha256(os.path.join(ck, "bf16", "model.safetensors")))
+        self.assertEqual(list(names), sorted(names))
+        self.assertIn("matches", run("verify", ck).stdout)
+        run("strip", ck, "--delete-files")
+        names = [r["name"] for r in manifest_of(ck)["resources"]]
+        self.assertNotIn("optimizer.pt", names)
+        self.assertNotIn("bf16/optimizer.pt", names)
+        self.assertFalse(any(u["of"].endswith("optimizer.pt") for u in manifest_of(ck)["tensors"]))
+        self.assertIn("matches", run("verify", ck).stdout)
+        self.assertEqual(run("latest", self.path("run")).stdout.strip(), ck)
+        # A file someone else adds is still reported.
+        with open(os.path.join(ck, "notes.txt"), "w") as f:
+            f.write("x")
+        self.assertIn("notes.txt: not in", run("verify", ck, expect=1).stdout)
+
     def test_latest_passes_over_a_checkpoint_its_manifest_condemns(self):
         root = os.path.join(self.tmp, "run")
         for step in (1, 2):

@@ -1,6 +1,9 @@
 #include "file/checkpoint_file.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <system_error>
@@ -51,6 +54,43 @@ std::optional<Format> DetectFormat(Bytes file) {
   return std::nullopt;
 }
 
+std::string CutCheckpointReason(const std::string& name, Bytes file) {
+  std::string lower = std::filesystem::path(name).filename().string();
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  bool safetensors = lower.ends_with(".safetensors");
+  bool torch = lower.ends_with(".pt") || lower.ends_with(".pth") || lower.ends_with(".bin") ||
+               lower.ends_with(".ckpt");
+  if (!safetensors && !torch) return "";
+  if (file.empty()) return "empty (0 bytes): cut short, or never written";
+  if (safetensors) {
+    if (file.size() < 8)
+      return fmt::format("cut short: {} bytes, fewer than a safetensors header's length",
+                         file.size());
+    uint64_t n = LoadLE<uint64_t>(file.data());
+    if (n >= 2 && n <= safetensors::kMaxHeaderSize && n > file.size() - 8) {
+      // What is there of the header must be JSON's start: whitespace, then '{'.
+      size_t i = 8;
+      while (i < file.size() &&
+             (file[i] == ' ' || file[i] == '\t' || file[i] == '\n' || file[i] == '\r'))
+        ++i;
+      if (i == file.size() || file[i] == '{')
+        return fmt::format(
+            "cut short: its safetensors header takes {} bytes, the file has {} after the "
+            "header's length",
+            n, file.size() - 8);
+    }
+    return "";
+  }
+  // torch.save never writes fewer than a zip's end record (22 bytes) plus data.pkl's headers;
+  // a legacy file starts with a 20-odd-byte magic number pickle.
+  constexpr size_t kSmallestTorchFile = 64;
+  bool zip_start = file[0] == 'P' && (file.size() < 2 || file[1] == 'K');
+  if (file.size() < kSmallestTorchFile && (file[0] == 0x80 || zip_start))
+    return fmt::format("cut short: {} bytes, fewer than any torch file has", file.size());
+  return "";
+}
+
 torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions options) {
   options.done_with = [&map](uint64_t offset, uint64_t size) { map.Release(offset, size); };
   return options;
@@ -65,6 +105,7 @@ CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions&
     Bytes bytes = f.map.bytes();
     std::optional<Format> format = DetectFormat(bytes);
     if (!format) {
+      if (std::string cut = CutCheckpointReason(path, bytes); !cut.empty()) Fail("{}", cut);
       if (bytes.size() >= 4 && LoadLE<uint32_t>(bytes.data()) == 0x04034b50) {
         Fail("zip archive without a data.pkl record: not a torch checkpoint");
       }

@@ -20,6 +20,13 @@ const char* FormatName(Format f);  // "torch-zip", "torch-legacy", "safetensors"
 // Recognises a checkpoint by its bytes, not its name.
 std::optional<Format> DetectFormat(Bytes file);
 
+// A file that DetectFormat does not recognise, whose name says it is a checkpoint file
+// (.safetensors; .pt, .pth, .bin, .ckpt) and whose bytes are what is left of one cut short:
+// nothing at all, a safetensors header longer than the file, fewer bytes than any torch file
+// has. Returns why it is damaged, or "" when it is not what it looks like (a foreign file).
+// Discovery keeps such files so that verify and every writer see the damage.
+std::string CutCheckpointReason(const std::string& name, Bytes file);
+
 struct CheckpointFile {
   std::string path;
   MappedFile map;

@@ -92,8 +92,8 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       if (in_dcp_folder(it->path())) continue;
       try {
         MappedFile m = MappedFile::Open(p);
-        if (DetectFormat(m.bytes())) {
-          found.push_back(p);
+        if (DetectFormat(m.bytes()) || !CutCheckpointReason(p, m.bytes()).empty()) {
+          found.push_back(p);  // a checkpoint file, or what is left of one (damage to report)
         } else if (skipped) {
           skipped->push_back(p);
         }

@@ -24,8 +24,10 @@ std::vector<torch::Problem> FindDamage(const std::string& path, unsigned threads
       // A file named on its own may be no checkpoint at all (compress takes any file): there is
       // nothing of a checkpoint's to check in it. (Inside folders, discovery keeps only
       // checkpoints; a broken zip still counts as one.)
-      if (item.kind == Container::kFile && !DetectFormat(MappedFile::Open(item.path).bytes()))
-        continue;
+      if (item.kind == Container::kFile) {
+        MappedFile m = MappedFile::Open(item.path);
+        if (!DetectFormat(m.bytes()) && CutCheckpointReason(item.path, m.bytes()).empty()) continue;
+      }
       VerifyOutcome v = VerifyLocated(item, threads, trust, checksums);
       for (torch::Problem& p : v.problems) {
         if (p.unsafe) continue;

@@ -1,15 +1,16 @@
 """Fault injection over checkpoints the real libraries wrote: a Hugging Face Trainer checkpoint,
 a Lightning checkpoint, DeepSpeed ZeRO stages 1-3 (two ranks), torch.distributed.checkpoint from
 four ranks, and a plain torch.save. Each fault is made on a fresh copy: one bit flipped in tensor
-data, a 4 KiB page of tensor data zeroed, the biggest file cut at a random byte, a structural file
-deleted (a rank file, a chunk file, a model file, DeepSpeed's `latest`).
+data, a 4 KiB page of tensor data zeroed, the biggest file cut at a random byte, cut within its
+first bytes (a crash right after the first write), emptied (created, never written), a
+structural file deleted (a rank file, a chunk file, a model file, DeepSpeed's `latest`).
 
 With a manifest (written on the intact copy) verify finds every fault, and `verify --structure`
-(no data byte read) every cut or deleted file. Without one it finds what
-docs/manifest.md's table says: every cut file and every deleted rank or chunk file; a flipped bit
-or zeroed page only where the format has a checksum (torch zip records), not in safetensors or
-DCP chunk data. Intact copies raise no alarm either way. The fixtures are the ones the other
-real-stack tests train (stacklib.fixture caches them)."""
+(no data byte read) every cut, emptied or deleted file. Without one it finds what
+docs/manifest.md's table says: every cut or emptied file and every deleted rank or chunk file; a
+flipped bit or zeroed page only where the format has a checksum (torch zip records), not in
+safetensors or DCP chunk data. Intact copies raise no alarm either way. The fixtures are the
+ones the other real-stack tests train (stacklib.fixture caches them)."""
 import os
 import random
 import shutil
@@ -128,7 +129,7 @@ class FaultMatrixTest(TempDirTest):
             run("manifest", ck)
             self.assertIn("matches", run("verify", ck).stdout)
             intact_checked += 2
-            faults = ["flip", "zero", "truncate"] + (["delete"] if delete_hint else [])
+            faults = ["flip", "zero", "truncate", "cut header", "empty"] + (["delete"] if delete_hint else [])
             if name.startswith("zero"):
                 faults.append("delete latest")
             for fault in faults:
@@ -157,6 +158,10 @@ class FaultMatrixTest(TempDirTest):
                             f.write(b"\0" * len(page))
                     elif fault == "truncate":
                         os.truncate(target, rng.randrange(1, os.path.getsize(target)))
+                    elif fault == "cut header":  # a crash right after the first write
+                        os.truncate(target, rng.randrange(1, min(begin, 48)))
+                    elif fault == "empty":  # created, never written
+                        os.truncate(target, 0)
                     elif fault == "delete":
                         target = self.deletable(ck, delete_hint)
                         kind = "structural" if delete_seen else "unnamed"
@@ -181,7 +186,7 @@ class FaultMatrixTest(TempDirTest):
                         self.assertTrue(found, f"--structure found what verify did not: {quick.stdout}")
                     outcomes.append(f"{name:12} {fault:14} {os.path.basename(target):42} {kind:11} "
                                     f"manifest: found  without: {'found' if found else 'not found'}")
-                    if fault == "truncate" or kind == "structural":
+                    if fault in ("truncate", "cut header", "empty") or kind == "structural":
                         self.assertTrue(found, f"{fault} of {target} passed verify:\n{without.stdout}")
                     elif fault in ("flip", "zero") and kind != "raw":
                         # Only a format checksum sees these (docs/manifest.md): torch zip records
@@ -191,7 +196,7 @@ class FaultMatrixTest(TempDirTest):
                                          f"{fault} in {target} ({kind}):\n{without.stdout}")
         print("\n" + "\n".join(outcomes))
         self.assertGreaterEqual(intact_checked, 14)
-        self.assertEqual(len(outcomes), 29)
+        self.assertEqual(len(outcomes), 43)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ Runner AddApply(CLI::App& app);
 Runner AddWatch(CLI::App& app);
 Runner AddLatest(CLI::App& app);
 Runner AddManifest(CLI::App& app);
+Runner AddReshard(CLI::App& app);
 
 // Multi-value options (--keep A B, --patterns A B) swallow the positionals after them;
 // values that name an existing file or folder are moved back to `paths`.

@@ -194,6 +194,184 @@ struct FlatRun {
   }
 };
 
+// One optimizer file's fp32 partitions: per group (stages 1/2) or sub-group (stage 3), where
+// this rank's flat piece lies.
+std::vector<Piece> Fp32Partitions(const RankFile& rf, int stage) {
+  const char* groups_key = stage <= 2 ? "single_partition_of_fp32_groups" : "fp32_flat_groups";
+  const Graph& g = rf.graph();
+  NodeId osd = Lookup(g, rf.root(), "optimizer_state_dict");
+  NodeId groups = Lookup(g, osd, groups_key);
+  if (groups == kNil) Fail("{}: no optimizer_state_dict.{}", rf.file->path, groups_key);
+  std::vector<Piece> ps;
+  std::span<const NodeId> elems = Elements(g, groups, rf.file->path + ": " + groups_key);
+  for (size_t i = 0; i < elems.size(); ++i) {
+    std::string what = fmt::format("{}.{}", groups_key, i);
+    RankFile::Data d = rf.TensorData(elems[i], what);
+    if (d.numel && d.dtype != torch::DType::kFloat32)
+      Fail("{}: {} is {}, not float32", rf.file->path, what, torch::Name(d.dtype));
+    ps.push_back({rf.index, d.offset, d.numel});
+  }
+  return ps;
+}
+
+// A dict keyed by integers (an optimizer's `state`): the value under `key`.
+NodeId LookupInt(const Graph& g, NodeId node, int64_t key) {
+  if (node == kNil || !g.has_compound(node)) return kNil;
+  std::span<const NodeId> pairs = g.pairs(node);
+  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+    if (g.kind(pairs[i]) == Kind::kInt && g.at(pairs[i]).integer == key) return pairs[i + 1];
+  }
+  return kNil;
+}
+
+// The optimizer's `state` dict in an optimizer file: base_optimizer_state.state (stages 1/2),
+// optimizer_state_dict.state (stage 3).
+NodeId OptimizerStateOf(const RankFile& rf, int stage) {
+  const Graph& g = rf.graph();
+  NodeId osd = Lookup(g, rf.root(), "optimizer_state_dict");
+  NodeId inner = Lookup(g, osd, stage <= 2 ? "base_optimizer_state" : "optimizer_state_dict");
+  NodeId state = Lookup(g, inner, "state");
+  if (state == kNil) {
+    Fail("{}: no optimizer_state_dict.{}.state", rf.file->path,
+         stage <= 2 ? "base_optimizer_state" : "optimizer_state_dict");
+  }
+  return state;
+}
+
+using ShapeGroups = std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>>;
+
+// The first model states file's param_shapes: per group, each trainable parameter's name and
+// shape, in flat order.
+ShapeGroups ParamShapes(const RankFile& m0) {
+  const Graph& g0 = m0.graph();
+  const std::string& p0 = m0.file->path;
+  NodeId param_shapes = Lookup(g0, m0.root(), "param_shapes");
+  if (IsNone(g0, param_shapes))
+    Fail("{}: no param_shapes (was the model trained with a ZeRO optimizer?)", p0);
+  ShapeGroups shape_groups;
+  for (NodeId group : Elements(g0, param_shapes, p0 + ": param_shapes")) {
+    shape_groups.emplace_back();
+    for (const auto& [name, shape_node] : Entries(g0, group, p0 + ": param_shapes")) {
+      shape_groups.back().emplace_back(name,
+                                       ShapeOf(g0, shape_node, p0 + ": param_shapes." + name));
+    }
+  }
+  return shape_groups;
+}
+
+// DeepSpeed >= 0.19.7 (stages 1 and 2, zero_optimization.parameter_alignment): elements of
+// padding after each parameter in its group's flat partition, per group.
+std::vector<std::vector<uint64_t>> AlignmentPaddings(const RankFile& optim, NodeId osd) {
+  std::vector<std::vector<uint64_t>> paddings;
+  const Graph& g = optim.graph();
+  NodeId pad = Lookup(g, osd, "param_alignment_paddings");
+  if (IsNone(g, pad)) return paddings;
+  for (NodeId group : Elements(g, pad, optim.file->path + ": param_alignment_paddings")) {
+    paddings.emplace_back();
+    for (NodeId n : Elements(g, group, optim.file->path + ": param_alignment_paddings")) {
+      int64_t v = IntOf(g, n, "param_alignment_paddings");
+      if (v < 0) Fail("{}: negative param_alignment_paddings", optim.file->path);
+      paddings.back().push_back(static_cast<uint64_t>(v));
+    }
+  }
+  return paddings;
+}
+
+// Per trainable parameter (param_shapes order): the pieces of one per-element buffer that hold
+// it, given each rank's flat partition of it per group (stages 1/2) or sub-group (stage 3).
+// Stages 1/2: a group's buffer is the ranks' pieces joined; parameters are consecutive ranges
+// with their alignment paddings between. Stage 3: each parameter takes ceil(numel / world)
+// elements at the same offset of every rank's joined sub-groups. `group_of` (optional) gets
+// each parameter's group or sub-group.
+std::vector<std::vector<Piece>> LayOutTrainable(const ZeroCheckpoint& z,
+                                                const ShapeGroups& shape_groups,
+                                                const std::vector<std::vector<uint64_t>>& paddings,
+                                                const std::vector<std::vector<Piece>>& partitions,
+                                                uint64_t element_size, std::vector<int>* group_of) {
+  std::vector<std::vector<Piece>> out;
+  const uint64_t ws = static_cast<uint64_t>(z.world_size);
+  if (z.stage <= 2) {
+    if (shape_groups.size() != partitions[0].size()) {
+      Fail("{}: param_shapes has {} groups but the optimizer files have {}", z.folder,
+           shape_groups.size(), partitions[0].size());
+    }
+    if (!paddings.empty() && paddings.size() != shape_groups.size()) {
+      Fail("{}: param_alignment_paddings has {} groups but param_shapes has {}", z.folder,
+           paddings.size(), shape_groups.size());
+    }
+    for (size_t gi = 0; gi < shape_groups.size(); ++gi) {
+      FlatRun group;
+      for (const std::vector<Piece>& rank : partitions) group.Add(rank[gi]);
+      if (!paddings.empty() && paddings[gi].size() != shape_groups[gi].size()) {
+        Fail("{}: group {}: {} parameter alignment paddings for {} parameters", z.folder, gi,
+             paddings[gi].size(), shape_groups[gi].size());
+      }
+      uint64_t offset = 0;
+      for (size_t pi = 0; pi < shape_groups[gi].size(); ++pi) {
+        const auto& [name, shape] = shape_groups[gi][pi];
+        uint64_t numel = NumelOf(shape);
+        if (offset + numel > group.total) {
+          Fail("{}: group {} holds {} elements, too few for parameter '{}'", z.folder, gi,
+               group.total, name);
+        }
+        out.emplace_back();
+        group.Cut(offset, offset + numel, element_size, out.back());
+        if (group_of) group_of->push_back(static_cast<int>(gi));
+        offset += numel;
+        if (!paddings.empty()) offset += paddings[gi][pi];
+      }
+      auto align = [&](uint64_t x) { return (x + 2 * ws - 1) / (2 * ws) * (2 * ws); };
+      if (align(offset) != align(group.total)) {
+        Fail(
+            "{}: group {}: consumed {} elements out of {}; the partitions do not match "
+            "param_shapes",
+            z.folder, gi, align(offset), align(group.total));
+      }
+    }
+    return out;
+  }
+  std::vector<FlatRun> rank_flat(partitions.size());
+  for (size_t r = 0; r < partitions.size(); ++r) {
+    for (const Piece& p : partitions[r]) rank_flat[r].Add(p);
+  }
+  uint64_t offset = 0;
+  // Which sub-group each rank-flat offset falls in (sub-groups have the same length on every
+  // rank).
+  std::vector<uint64_t> sub_ends;
+  for (const Piece& p : partitions[0])
+    sub_ends.push_back((sub_ends.empty() ? 0 : sub_ends.back()) + p.count);
+  for (const auto& group : shape_groups) {
+    for (const auto& [name, shape] : group) {
+      uint64_t numel = NumelOf(shape);
+      uint64_t ps = (numel + ws - 1) / ws;
+      std::vector<Piece> joined;
+      for (const FlatRun& run : rank_flat) {
+        if (offset + ps > run.total)
+          Fail("{}: a rank's partitions are too short for parameter '{}'", z.folder, name);
+        run.Cut(offset, offset + ps, element_size, joined);
+      }
+      FlatRun all;
+      for (const Piece& p : joined) all.Add(p);
+      out.emplace_back();
+      all.Cut(0, numel, element_size, out.back());
+      if (group_of) {
+        auto it = std::upper_bound(sub_ends.begin(), sub_ends.end(), offset);
+        group_of->push_back(static_cast<int>(it - sub_ends.begin()));
+      }
+      offset += ps;
+    }
+  }
+  for (const FlatRun& run : rank_flat) {
+    if (run.total != rank_flat[0].total)
+      Fail("{}: the ranks' partitions differ in length", z.folder);
+  }
+  if (offset != rank_flat[0].total) {
+    Fail("{}: consumed {} elements out of {}; the partitions do not match param_shapes", z.folder,
+         offset * ws, rank_flat[0].total * ws);
+  }
+  return out;
+}
+
 std::vector<std::string> Matching(const std::string& folder, std::string_view suffix) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -378,46 +556,15 @@ void Consolidate(ZeroCheckpoint& z) {
         "overwritten checkpoint, or a rank that did not save)",
         z.folder, z.world_size, optim_files, missing.empty() ? "" : "; missing: " + missing);
   }
-  const char* groups_key = z.stage <= 2 ? "single_partition_of_fp32_groups" : "fp32_flat_groups";
-  // DeepSpeed >= 0.19.7 (stages 1 and 2, zero_optimization.parameter_alignment): elements of
-  // padding after each parameter in its group's flat partition, per group.
-  std::vector<std::vector<uint64_t>> paddings;
-  {
-    const Graph& g = first_optim.graph();
-    NodeId pad = Lookup(g, osd0, "param_alignment_paddings");
-    if (!IsNone(g, pad)) {
-      for (NodeId group : Elements(g, pad, first_optim.file->path + ": param_alignment_paddings")) {
-        paddings.emplace_back();
-        for (NodeId n : Elements(g, group, first_optim.file->path + ": param_alignment_paddings")) {
-          int64_t v = IntOf(g, n, "param_alignment_paddings");
-          if (v < 0) Fail("{}: negative param_alignment_paddings", first_optim.file->path);
-          paddings.back().push_back(static_cast<uint64_t>(v));
-        }
-      }
-    }
-  }
+  std::vector<std::vector<uint64_t>> paddings = AlignmentPaddings(first_optim, osd0);
   // Per rank, per group: the rank's fp32 piece.
   std::vector<std::vector<Piece>> partitions;
   for (size_t r = z.model_files; r < ranks.size(); ++r) {
-    const RankFile& rf = ranks[r];
-    const Graph& g = rf.graph();
-    NodeId osd = Lookup(g, rf.root(), "optimizer_state_dict");
-    NodeId groups = Lookup(g, osd, groups_key);
-    if (groups == kNil) Fail("{}: no optimizer_state_dict.{}", rf.file->path, groups_key);
-    std::vector<Piece> ps;
-    std::span<const NodeId> elems = Elements(g, groups, rf.file->path + ": " + groups_key);
-    for (size_t i = 0; i < elems.size(); ++i) {
-      std::string what = fmt::format("{}.{}", groups_key, i);
-      RankFile::Data d = rf.TensorData(elems[i], what);
-      if (d.numel && d.dtype != torch::DType::kFloat32)
-        Fail("{}: {} is {}, not float32", rf.file->path, what, torch::Name(d.dtype));
-      ps.push_back({rf.index, d.offset, d.numel});
+    partitions.push_back(Fp32Partitions(ranks[r], z.stage));
+    if (partitions.back().size() != partitions[0].size()) {
+      Fail("{}: {} groups, but the first rank file has {}", ranks[r].file->path,
+           partitions.back().size(), partitions[0].size());
     }
-    if (!partitions.empty() && ps.size() != partitions[0].size()) {
-      Fail("{}: {} groups, but the first rank file has {}", rf.file->path, ps.size(),
-           partitions[0].size());
-    }
-    partitions.push_back(std::move(ps));
   }
 
   // Model states of the first file: buffers, frozen params, param shapes, aliases.
@@ -493,93 +640,19 @@ void Consolidate(ZeroCheckpoint& z) {
     }
   }
 
-  NodeId param_shapes = Lookup(g0, m0.root(), "param_shapes");
-  if (IsNone(g0, param_shapes))
-    Fail("{}: no param_shapes (was the model trained with a ZeRO optimizer?)", p0);
-  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> shape_groups;
-  for (NodeId group : Elements(g0, param_shapes, p0 + ": param_shapes")) {
-    shape_groups.emplace_back();
-    for (const auto& [name, shape_node] : Entries(g0, group, p0 + ": param_shapes")) {
-      shape_groups.back().emplace_back(name,
-                                       ShapeOf(g0, shape_node, p0 + ": param_shapes." + name));
-    }
-  }
-  const uint64_t ws = static_cast<uint64_t>(z.world_size);
-  auto trainable = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    ZeroTensor zt;
-    zt.name = name;
-    zt.kind = ZeroTensor::Kind::kTrainable;
-    zt.shape = shape;
-    zt.numel = NumelOf(shape);
-    return zt;
-  };
-  if (z.stage <= 2) {
-    if (shape_groups.size() != partitions[0].size()) {
-      Fail("{}: param_shapes has {} groups but the optimizer files have {}", z.folder,
-           shape_groups.size(), partitions[0].size());
-    }
-    if (!paddings.empty() && paddings.size() != shape_groups.size()) {
-      Fail("{}: param_alignment_paddings has {} groups but param_shapes has {}", z.folder,
-           paddings.size(), shape_groups.size());
-    }
-    for (size_t gi = 0; gi < shape_groups.size(); ++gi) {
-      FlatRun group;
-      for (const std::vector<Piece>& rank : partitions) group.Add(rank[gi]);
-      if (!paddings.empty() && paddings[gi].size() != shape_groups[gi].size()) {
-        Fail("{}: group {}: {} parameter alignment paddings for {} parameters", z.folder, gi,
-             paddings[gi].size(), shape_groups[gi].size());
-      }
-      uint64_t offset = 0;
-      for (size_t pi = 0; pi < shape_groups[gi].size(); ++pi) {
-        const auto& [name, shape] = shape_groups[gi][pi];
-        ZeroTensor zt = trainable(name, shape);
-        if (offset + zt.numel > group.total) {
-          Fail("{}: group {} holds {} elements, too few for parameter '{}'", z.folder, gi,
-               group.total, name);
-        }
-        group.Cut(offset, offset + zt.numel, 4, zt.pieces);
-        offset += zt.numel;
-        if (!paddings.empty()) offset += paddings[gi][pi];
-        z.tensors.push_back(std::move(zt));
-      }
-      auto align = [&](uint64_t x) { return (x + 2 * ws - 1) / (2 * ws) * (2 * ws); };
-      if (align(offset) != align(group.total)) {
-        Fail(
-            "{}: group {}: consumed {} elements out of {}; the partitions do not match "
-            "param_shapes",
-            z.folder, gi, align(offset), align(group.total));
-      }
-    }
-  } else {
-    std::vector<FlatRun> rank_flat(partitions.size());
-    for (size_t r = 0; r < partitions.size(); ++r) {
-      for (const Piece& p : partitions[r]) rank_flat[r].Add(p);
-    }
-    uint64_t offset = 0;
-    for (const auto& group : shape_groups) {
-      for (const auto& [name, shape] : group) {
-        ZeroTensor zt = trainable(name, shape);
-        uint64_t ps = (zt.numel + ws - 1) / ws;
-        std::vector<Piece> joined;
-        for (const FlatRun& run : rank_flat) {
-          if (offset + ps > run.total)
-            Fail("{}: a rank's partitions are too short for parameter '{}'", z.folder, name);
-          run.Cut(offset, offset + ps, 4, joined);
-        }
-        FlatRun all;
-        for (const Piece& p : joined) all.Add(p);
-        all.Cut(0, zt.numel, 4, zt.pieces);
-        offset += ps;
-        z.tensors.push_back(std::move(zt));
-      }
-    }
-    for (const FlatRun& run : rank_flat) {
-      if (run.total != rank_flat[0].total)
-        Fail("{}: the ranks' fp32 partitions differ in length", z.folder);
-    }
-    if (offset != rank_flat[0].total) {
-      Fail("{}: consumed {} elements out of {}; the partitions do not match param_shapes", z.folder,
-           offset * ws, rank_flat[0].total * ws);
+  ShapeGroups shape_groups = ParamShapes(m0);
+  std::vector<std::vector<Piece>> laid =
+      LayOutTrainable(z, shape_groups, paddings, partitions, 4, nullptr);
+  size_t k = 0;
+  for (const auto& group : shape_groups) {
+    for (const auto& [name, shape] : group) {
+      ZeroTensor zt;
+      zt.name = name;
+      zt.kind = ZeroTensor::Kind::kTrainable;
+      zt.shape = shape;
+      zt.numel = NumelOf(shape);
+      zt.pieces = std::move(laid[k++]);
+      z.tensors.push_back(std::move(zt));
     }
   }
 
@@ -593,6 +666,99 @@ void Consolidate(ZeroCheckpoint& z) {
       if (known.count(owner_name) && !known.count(alias)) z.aliases.emplace_back(alias, owner_name);
     }
   }
+}
+
+ZeroOptimizerState ConsolidateOptimizerState(const ZeroCheckpoint& z) {
+  ZeroOptimizerState out;
+  if (z.model_files == 0 || z.model_files >= z.files.size() || !z.files[0]->torch)
+    Fail("{}: needs its model states and optimizer files read", z.folder);
+  std::vector<RankFile> optim;
+  for (size_t i = z.model_files; i < z.files.size(); ++i) {
+    if (!z.files[i]->torch) Fail("internal: {} is no longer read", z.files[i]->path);
+    optim.push_back(Index(*z.files[i], i));
+  }
+  const RankFile m0 = Index(*z.files[0], 0);
+  const RankFile& first = optim[0];
+  NodeId osd0 = Lookup(first.graph(), first.root(), "optimizer_state_dict");
+  ShapeGroups shape_groups = ParamShapes(m0);
+  std::vector<std::vector<uint64_t>> paddings = AlignmentPaddings(first, osd0);
+  std::vector<std::vector<Piece>> fp32;
+  for (const RankFile& rf : optim) fp32.push_back(Fp32Partitions(rf, z.stage));
+  const size_t groups = fp32[0].size();
+  out.step_file = first.index;
+  // The keys: what the first group's state holds as tensors of at least its partition's length
+  // (exp_avg, exp_avg_sq, momentum_buffer...); `step` apart.
+  {
+    const Graph& g = first.graph();
+    NodeId st = LookupInt(g, OptimizerStateOf(first, z.stage), 0);
+    if (st == kNil)
+      Fail("{}: no optimizer state for group 0 (has the optimizer stepped?)", first.file->path);
+    for (const auto& [key, value] : Entries(g, st, first.file->path + ": state.0")) {
+      if (key == "step") continue;
+      if (!first.tensor_of.count(value)) continue;  // a number or a flag: no per-element state
+      RankFile::Data d = first.TensorData(value, "state.0." + key);
+      if (d.numel < fp32[0][0].count) continue;
+      out.keys.push_back(key);
+      out.dtypes.push_back(d.dtype);
+    }
+  }
+  // The step, per group (stages 1/2 keep one per group; stage 3 one per sub-group).
+  for (size_t gi = 0; gi < groups; ++gi) {
+    const Graph& g = first.graph();
+    NodeId st = LookupInt(g, OptimizerStateOf(first, z.stage), static_cast<int64_t>(gi));
+    out.steps.push_back(st == kNil ? kNil : Lookup(g, st, "step"));
+  }
+  std::vector<std::vector<std::vector<Piece>>> per_key;  // [key][trainable]
+  std::vector<int> group_of;
+  for (size_t k = 0; k < out.keys.size(); ++k) {
+    const std::string& key = out.keys[k];
+    std::vector<std::vector<Piece>> partitions;
+    for (size_t r = 0; r < optim.size(); ++r) {
+      const RankFile& rf = optim[r];
+      const Graph& g = rf.graph();
+      NodeId state = OptimizerStateOf(rf, z.stage);
+      std::vector<Piece> ps;
+      for (size_t gi = 0; gi < groups; ++gi) {
+        std::string what = fmt::format("state.{}.{}", gi, key);
+        NodeId st = LookupInt(g, state, static_cast<int64_t>(gi));
+        NodeId t = Lookup(g, st, key);
+        if (t == kNil) Fail("{}: no optimizer {}", rf.file->path, what);
+        RankFile::Data d = rf.TensorData(t, what);
+        if (d.dtype != out.dtypes[k])
+          Fail("{}: {} is {}, not {}", rf.file->path, what, torch::Name(d.dtype),
+               torch::Name(out.dtypes[k]));
+        // Laid out as the fp32 partition; a group's padding at the end of the last rank's
+        // piece (kept in the moments, not in the fp32 partition) is left out.
+        if (d.numel < fp32[r][gi].count)
+          Fail("{}: {} holds {} elements, its fp32 partition {}", rf.file->path, what, d.numel,
+               fp32[r][gi].count);
+        ps.push_back({rf.index, d.offset, fp32[r][gi].count});
+      }
+      partitions.push_back(std::move(ps));
+    }
+    group_of.clear();
+    per_key.push_back(LayOutTrainable(z, shape_groups, paddings, partitions,
+                                      torch::ElementSize(out.dtypes[k]), &group_of));
+  }
+  if (out.keys.empty()) LayOutTrainable(z, shape_groups, paddings, fp32, 4, &group_of);
+  std::unordered_map<std::string, size_t> tensor_of;
+  for (size_t i = 0; i < z.tensors.size(); ++i) {
+    if (z.tensors[i].kind == ZeroTensor::Kind::kTrainable) tensor_of.emplace(z.tensors[i].name, i);
+  }
+  size_t n = 0;
+  for (const auto& group : shape_groups) {
+    for (const auto& [name, shape] : group) {
+      ZeroOptimizerState::Param p;
+      auto it = tensor_of.find(name);
+      if (it == tensor_of.end()) Fail("internal: parameter '{}' was not consolidated", name);
+      p.tensor = it->second;
+      p.group = group_of.at(n);
+      for (auto& key_pieces : per_key) p.pieces.push_back(std::move(key_pieces[n]));
+      out.params.push_back(std::move(p));
+      ++n;
+    }
+  }
+  return out;
 }
 
 }  // namespace ckpt::deepspeed

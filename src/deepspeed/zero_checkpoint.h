@@ -111,10 +111,33 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
 // them from memory). Fills stage, world_size, tensors and aliases.
 void Consolidate(ZeroCheckpoint& z);
 
+// The optimizer's per-element state of every trainable parameter, consolidated as its fp32
+// weights are (what a universal checkpoint's zero/<name>/<key>.pt holds): each key the optimizer
+// keeps per group as a buffer laid out like the fp32 partition (exp_avg and exp_avg_sq for Adam,
+// momentum_buffer for SGD, whatever the optimizer keeps), and each group's step. Reads the
+// optimizer files' pickles again: `z` must be as OpenZeroCheckpoint left it.
+struct ZeroOptimizerState {
+  struct Param {
+    size_t tensor = 0;                       // index into z.tensors (a trainable one)
+    int group = 0;                           // its group (stages 1/2) or sub-group (stage 3)
+    std::vector<std::vector<Piece>> pieces;  // per key, like ZeroTensor::pieces
+  };
+  std::vector<std::string> keys;     // in the order the first group's state holds them
+  std::vector<torch::DType> dtypes;  // per key
+  std::vector<Param> params;         // param_shapes order
+  // Per group: the node of its `step` in the graph of z.files[step_file] (kNil: none).
+  std::vector<pickle::NodeId> steps;
+  size_t step_file = 0;
+};
+ZeroOptimizerState ConsolidateOptimizerState(const ZeroCheckpoint& z);
+
 // The consolidated model as logical tensors whose spans are pieces of the rank files (which
 // `z` keeps mapped: it must outlive the model), aliases as shared_params names them; frozen
 // parameters left out when asked (zero_logical_model.cpp).
 LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen);
+// One tensor of `z` (or one made like them: pieces of z's files) as a logical tensor; `z` and
+// `t` must outlive it.
+LogicalTensor ZeroLogicalTensor(const ZeroCheckpoint& z, const ZeroTensor& t);
 
 using ckpt::DigitAwareLess;  // base/names.h
 

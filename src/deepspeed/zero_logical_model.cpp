@@ -11,6 +11,33 @@
 
 namespace ckpt::deepspeed {
 
+LogicalTensor ZeroLogicalTensor(const ZeroCheckpoint& z, const ZeroTensor& t) {
+  // Where each piece starts, in elements.
+  auto starts = std::make_shared<std::vector<uint64_t>>();
+  uint64_t at = 0;
+  for (const Piece& p : t.pieces) {
+    starts->push_back(at);
+    at += p.count;
+  }
+  if (at != t.numel)
+    Fail("internal: tensor '{}' pieces hold {} of {} elements", t.name, at, t.numel);
+  LogicalTensor lt{t.name, t.dtype, t.stored, t.shape, t.numel, nullptr};
+  lt.read = [&z, &t, starts](uint64_t first, uint64_t count, const SpanSink& sink) {
+    const uint64_t size = torch::ElementSize(t.stored);
+    auto it = std::upper_bound(starts->begin(), starts->end(), first);
+    size_t k = it == starts->begin() ? 0 : static_cast<size_t>(it - starts->begin()) - 1;
+    for (uint64_t pos = first, end = first + count; pos < end; ++k) {
+      if (k >= t.pieces.size()) Fail("internal: tensor '{}' has too few pieces", t.name);
+      const Piece& p = t.pieces[k];
+      uint64_t lo = pos - (*starts)[k], hi = std::min(p.count, end - (*starts)[k]);
+      StreamRange(z.files[p.file]->map, p.offset + lo * size, (hi - lo) * size,
+                  [&sink](uint64_t, Bytes b) { sink(b); });
+      pos = (*starts)[k] + hi;
+    }
+  };
+  return lt;
+}
+
 LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen) {
   LogicalModel m;
   m.description = fmt::format("DeepSpeed ZeRO stage {} checkpoint '{}', {} ranks", z.stage, z.tag,
@@ -18,30 +45,7 @@ LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen) {
   for (const auto& f : z.files) m.inputs.push_back(&f->map);
   for (const ZeroTensor& t : z.tensors) {
     if (exclude_frozen && t.kind == ZeroTensor::Kind::kFrozen) continue;
-    // Where each piece starts, in elements.
-    auto starts = std::make_shared<std::vector<uint64_t>>();
-    uint64_t at = 0;
-    for (const Piece& p : t.pieces) {
-      starts->push_back(at);
-      at += p.count;
-    }
-    if (at != t.numel)
-      Fail("internal: tensor '{}' pieces hold {} of {} elements", t.name, at, t.numel);
-    LogicalTensor lt{t.name, t.dtype, t.stored, t.shape, t.numel, nullptr};
-    lt.read = [&z, &t, starts](uint64_t first, uint64_t count, const SpanSink& sink) {
-      const uint64_t size = torch::ElementSize(t.stored);
-      auto it = std::upper_bound(starts->begin(), starts->end(), first);
-      size_t k = it == starts->begin() ? 0 : static_cast<size_t>(it - starts->begin()) - 1;
-      for (uint64_t pos = first, end = first + count; pos < end; ++k) {
-        if (k >= t.pieces.size()) Fail("internal: tensor '{}' has too few pieces", t.name);
-        const Piece& p = t.pieces[k];
-        uint64_t lo = pos - (*starts)[k], hi = std::min(p.count, end - (*starts)[k]);
-        StreamRange(z.files[p.file]->map, p.offset + lo * size, (hi - lo) * size,
-                    [&sink](uint64_t, Bytes b) { sink(b); });
-        pos = (*starts)[k] + hi;
-      }
-    };
-    m.tensors.push_back(std::move(lt));
+    m.tensors.push_back(ZeroLogicalTensor(z, t));
   }
   std::set<std::string_view> names;
   for (const LogicalTensor& t : m.tensors) names.insert(t.name);

@@ -57,6 +57,16 @@ bool IsTorchOutputPath(const std::string& to) {
   return false;
 }
 
+TensorSource LogicalSource(const LogicalTensor& t, DType out) {
+  if (!CanConvert(t.stored, out))
+    Fail("tensor '{}': cannot make {} of {}", t.name, torch::Name(out), torch::Name(t.stored));
+  TensorSource src{t.name, out, t.shape, t.numel * torch::ElementSize(out), t.whole, nullptr};
+  src.write = [&t, out](AtomicOutput& o, uint64_t dst, uint64_t off, uint64_t len) {
+    return WriteRange(t, out, o, dst, off, len, nullptr);
+  };
+  return src;
+}
+
 ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const ExportOptions& o) {
   ExportResult r;
   r.warnings = m.warnings;

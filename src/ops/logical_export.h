@@ -8,12 +8,17 @@
 #include <string>
 
 #include "ops/export.h"
+#include "ops/tensor_source.h"
 #include "torch/logical_model.h"
 
 namespace ckpt {
 
 // Does `to` name a torch file rather than a safetensors folder or file?
 bool IsTorchOutputPath(const std::string& to);
+
+// `t` as a tensor to write (ops/tensor_source.h) as `out`, read range by range from its pieces;
+// `t` must outlive it.
+TensorSource LogicalSource(const LogicalTensor& t, torch::DType out);
 
 // `--dtype` converts every floating-point tensor (16 or 32 bits) to the given 16-bit type;
 // other dtypes are written as they are.

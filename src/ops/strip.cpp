@@ -368,4 +368,16 @@ StripResult StripFile(const std::string& path, const StripOptions& o) {
   return r;
 }
 
+void WriteObjectOf(const std::string& input, const std::string& output,
+                   const std::function<void(pickle::Graph&)>& edit, unsigned threads) {
+  CheckpointFile f = OpenCheckpoint(input);
+  if (!f.torch) Fail("{}: not a torch file", input);
+  torch::TorchFile& tf = *f.torch;
+  WithContext(input, [&] { edit(tf.model.graph); });
+  RebuildTensorTable(tf);
+  ShrinkPlan plan = PlanShrink(tf);
+  TorchRewrite rewrite(f, std::move(plan.rewrite));
+  rewrite.Write(output, threads);
+}
+
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 #include "torch/global_policy.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,13 @@ struct StripResult {
 };
 
 StripResult StripFile(const std::string& path, const StripOptions& options);
+
+// Writes to `output` (a new file) the object `edit` leaves in the graph of the torch file
+// `input`: `edit` may change entries and the root (a part of the object becomes the file); the
+// storages the result still refers to are written as shrink writes them. For files made from
+// part of another (a universal checkpoint's optimizer_state.pt and step.pt).
+void WriteObjectOf(const std::string& input, const std::string& output,
+                   const std::function<void(pickle::Graph&)>& edit, unsigned threads);
 
 // The object part of StripFile: removes from `g` the dict entries (and object attributes)
 // `options.drop` and `options.keep` say go; returns their key paths in the order StripFile

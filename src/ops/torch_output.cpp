@@ -53,7 +53,8 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
 // The pickle torch.save writes for OrderedDict(name -> tensor): storages keyed "0", "1"...
 // in the order of the tensors.
 std::string StateDictPickle(const std::vector<TensorSource>& tensors,
-                            const std::map<std::string, std::string>& aliases) {
+                            const std::map<std::string, std::string>& aliases,
+                            TorchOutputOptions::Root shape) {
   Graph g;
   NodeId odict = g.AddGlobal("collections", "OrderedDict");
   NodeId rebuild = g.AddGlobal("torch._utils", "_rebuild_tensor_v2");
@@ -87,7 +88,20 @@ std::string StateDictPickle(const std::vector<TensorSource>& tensors,
     pairs.push_back(g.AddText(Kind::kStr, alias));
     pairs.push_back(it->second);
   }
-  g.SetPairs(root, pairs);
+  if (shape != TorchOutputOptions::Root::kStateDict) {
+    if (tensors.size() != 1 || !aliases.empty())
+      Fail("internal: a universal checkpoint file holds one tensor");
+    if (shape == TorchOutputOptions::Root::kTensor) {
+      root = pairs[1];
+    } else {
+      root = g.AddCompound(Kind::kDict);
+      std::vector<NodeId> entries = {g.AddText(Kind::kStr, "cat_dim"), g.AddInt(0),
+                                     g.AddText(Kind::kStr, "param"), pairs[1]};
+      g.SetPairs(root, entries);
+    }
+  } else {
+    g.SetPairs(root, pairs);
+  }
   g.root = root;
   pickle::WriteOptions options;
   options.protocol = 2;
@@ -104,7 +118,7 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
   // without its extension).
   std::string prefix = fs::path(path).stem().string();
   if (prefix.empty() || prefix.find('/') != std::string::npos) prefix = "archive";
-  const std::string pickle = StateDictPickle(tensors, aliases);
+  const std::string pickle = StateDictPickle(tensors, aliases, o.root);
   std::vector<std::pair<std::string, std::string>> small_before = {{"data.pkl", pickle},
                                                                    {"byteorder", "little"}};
   std::vector<zip::RecordSpec> specs;
@@ -170,7 +184,10 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
       std::vector<std::string> got = y.names.strings();
       std::sort(expected.begin(), expected.end());
       std::sort(got.begin(), got.end());
-      if (got != expected || y.dtype != x.dtype || y.shape != x.shape || y.storage < 0 ||
+      if (o.root == TorchOutputOptions::Root::kStateDict && got != expected) {
+        Fail("tensor '{}' is read back as {}", x.name, got.empty() ? "nothing" : got.front());
+      }
+      if (y.dtype != x.dtype || y.shape != x.shape || y.storage < 0 ||
           m.storages[y.storage].key != std::to_string(i) ||
           m.storages[y.storage].nbytes != x.size) {
         Fail("tensor '{}' is not what was planned", x.name);

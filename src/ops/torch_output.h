@@ -19,6 +19,11 @@ namespace ckpt {
 struct TorchOutputOptions {
   unsigned threads = 1;
   std::vector<const MappedFile*> inputs;  // refused at commit if any changed meanwhile
+  // What the pickle's root is: the state dict (an OrderedDict name -> tensor); DeepSpeed's
+  // universal checkpoint parameter file, the dict {'cat_dim': 0, 'param': T} of the one tensor
+  // given (its name is not written); or the one tensor itself.
+  enum class Root { kStateDict, kUniversalParam, kTensor };
+  Root root = Root::kStateDict;
 };
 
 // Writes `tensors` (in this order, then `aliases`: alias -> kept name) to the file `path`.

@@ -1,0 +1,93 @@
+// `ckptool reshard CKPT --to universal`: ops/reshard.h.
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/human.h"
+#include "base/utf8.h"
+#include "cli/commands.h"
+#include "io/parallel.h"
+#include "ops/reshard.h"
+
+namespace ckpt::cli {
+
+namespace {
+
+struct ReshardCliOptions {
+  std::string checkpoint;
+  std::string to;
+  std::string output;
+  std::string tag;
+  unsigned threads = DefaultThreads();
+  bool force = false;
+  bool json = false;
+  bool quiet = false;
+};
+
+int RunReshard(const ReshardCliOptions& o) {
+  ReshardOptions ro;
+  ro.output = o.output;
+  ro.tag = o.tag;
+  ro.threads = std::max(1u, o.threads);
+  ro.force = o.force;
+  ReshardResult r = ReshardToUniversal(o.checkpoint, ro);
+  if (o.json) {
+    PrintJson(nlohmann::ordered_json{{"source", r.source},
+                                     {"output", r.output},
+                                     {"latest_universal", r.latest_universal},
+                                     {"stage", r.stage},
+                                     {"world_size", r.world_size},
+                                     {"parameters", r.parameters},
+                                     {"optimizer_state", r.keys},
+                                     {"files", r.files},
+                                     {"bytes", r.bytes}});
+    return 0;
+  }
+  if (!o.quiet) {
+    Out() << Printable(fmt::format(
+                 "{}: ZeRO stage {} from {} ranks -> universal checkpoint {}: {} parameters "
+                 "(fp32{}{}), {}, {}",
+                 r.source, r.stage, r.world_size, r.output, r.parameters,
+                 r.keys.empty() ? "" : ", ", fmt::join(r.keys, ", "), Count(r.files, "file"),
+                 HumanBytes(r.bytes)))
+          << "\n";
+    Out() << Printable(fmt::format("{} names it: load it with \"checkpoint\": "
+                                   "{{\"load_universal\": true}} on any number of ranks",
+                                   r.latest_universal))
+          << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner AddReshard(CLI::App& app) {
+  auto o = std::make_shared<ReshardCliOptions>();
+  app.add_option("checkpoint", o->checkpoint,
+                 "DeepSpeed ZeRO checkpoint: the folder holding 'latest', or a tag folder")
+      ->required();
+  app.add_option("--to", o->to, "What to write: universal (DeepSpeed's universal checkpoint)")
+      ->required()
+      ->check(CLI::IsMember({"universal"}));
+  app.add_option("-o,--output", o->output,
+                 "The universal checkpoint's folder (default: the tag folder's name + "
+                 "'_universal', beside it); latest_universal is written beside it");
+  app.add_option("--tag", o->tag, "The tag folder to read (default: what 'latest' names)");
+  app.add_option("-j,--threads", o->threads, "Threads (parameters written side by side)")
+      ->capture_default_str();
+  app.add_flag("-f,--force", o->force,
+               "Replace an existing output folder, and a latest_universal naming another");
+  app.add_flag("--json", o->json, "Print a JSON report");
+  app.add_flag("-q,--quiet", o->quiet, "Print only errors");
+  app.footer(
+      "Writes the layout DeepSpeed's ds_to_universal.py writes and load_checkpoint reads with "
+      "\"checkpoint\": {\"load_universal\": true}: zero/<param>/fp32.pt and one file per "
+      "optimizer state key (the checkpoint's own: Adam's, SGD's...), step.pt, "
+      "zero/optimizer_state.pt, the model states files, and latest_universal. No pickle is run, "
+      "no temporary copy is made. See docs/reshard.md.");
+  return [o] { return RunReshard(*o); };
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,48 @@
+// `ckptool reshard CKPT --to universal`: a DeepSpeed ZeRO checkpoint (stages 1, 2, 3) as the
+// universal checkpoint DeepSpeed loads on any number of ranks ("checkpoint": {"load_universal":
+// true}), the layout deepspeed/checkpoint/ds_to_universal.py (DeepSpeed 0.19) writes:
+//
+//   OUT/mp_rank_00_model_states.pt                  stages 1/2: copied as it is
+//   OUT/zero_pp_rank_<r>_mp_rank_00_model_states.pt stage 3: every rank's, copied
+//   OUT/zero/optimizer_state.pt                     rank 0's optimizer state without its
+//                                                   partitions, and `param_groups`
+//   OUT/zero/<param>/fp32.pt                        the fp32 master weights, whole
+//   OUT/zero/<param>/<key>.pt                       each per-element optimizer state (exp_avg,
+//                                                   exp_avg_sq, momentum_buffer...)
+//   OUT/zero/<param>/step.pt                        stages 1/2: the group's step
+//   dirname(OUT)/latest_universal                   basename(OUT)
+//
+// Stages 1/2 write {'cat_dim': 0, 'param': T} with T in the parameter's shape; stage 3 the
+// 1-D tensor itself, as ds_to_universal does. The optimizer state keys are the checkpoint's own
+// (not Adam's alone). Every tensor is gathered from the rank files' pieces straight into its
+// file, parameters side by side; the folder is built beside OUT and renamed into place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+struct ReshardOptions {
+  std::string output;  // the universal checkpoint's folder; empty: <root>/<tag>_universal
+  std::string tag;     // the tag folder under a root; empty: what `latest` names
+  unsigned threads = 1;
+  bool force = false;  // replace an existing output and latest_universal
+};
+
+struct ReshardResult {
+  std::string source;  // the tag folder read
+  std::string output;
+  std::string latest_universal;  // the file written beside the output
+  int stage = 0;
+  int world_size = 0;
+  uint64_t parameters = 0;
+  std::vector<std::string> keys;  // per-element optimizer state keys
+  uint64_t files = 0;
+  uint64_t bytes = 0;  // of every file written
+};
+
+ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOptions& options);
+
+}  // namespace ckpt

@@ -11,7 +11,7 @@ docs/python.md describes the whole API."""
 from ._errors import CheckpointError, Error, JobFailed, UsageError  # noqa: I001 (first)
 from . import _core
 from ._jobs import (CheckpointWarning, Result, apply, compress, convert, decompress, export,
-                    inspect, latest, manifest, prune, run, shrink, strip, verify)
+                    inspect, latest, manifest, prune, reshard, run, shrink, strip, verify)
 from ._load import load
 from ._open import Checkpoint, open  # noqa: A004
 from ._pickled import Pickled
@@ -20,5 +20,5 @@ __version__ = "0.1.0"
 
 __all__ = ["open", "load", "Checkpoint", "Pickled", "Result", "run", "inspect", "verify",
            "shrink", "convert", "strip", "export", "compress", "decompress", "prune", "apply",
-           "manifest", "latest", "Error", "UsageError", "CheckpointError", "JobFailed", "CheckpointWarning",
+           "manifest", "latest", "reshard", "Error", "UsageError", "CheckpointError", "JobFailed", "CheckpointWarning",
            "__version__"]

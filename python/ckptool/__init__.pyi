@@ -216,4 +216,14 @@ def manifest(
     no_tensors: Optional[bool] = ...,
     quiet: Optional[bool] = ...,
 ) -> Result: ...
+def reshard(
+    *paths: _Path,
+    progress: Optional[ProgressCallback] = ...,
+    to: Optional[Union[str, os.PathLike[str]]] = ...,
+    output: Optional[Union[str, os.PathLike[str]]] = ...,
+    tag: Optional[Union[str, os.PathLike[str]]] = ...,
+    threads: Optional[int] = ...,
+    force: Optional[bool] = ...,
+    quiet: Optional[bool] = ...,
+) -> Result: ...
 # END jobs

@@ -231,6 +231,9 @@ decompress = _job("decompress")
 prune = _job("prune", "A dry run unless yes=True")
 apply = _job("apply")
 manifest = _job("manifest", "The checkpoint must verify first; docs/manifest.md")
+reshard = _job("reshard", "to='universal' writes DeepSpeed's universal checkpoint; then load it "
+               "with \"checkpoint\": {\"load_universal\": true} on any number of ranks; "
+               "docs/reshard.md")
 
 JOBS = [n for n, _ in _core.commands() if n not in _NOT_JOBS]  # in the CLI's order
 
@@ -248,6 +251,6 @@ def latest(root: Any, *, threads: Optional[int] = None, structure: bool = False)
     """
     return run("latest", root, threads=threads, structure=structure).report["latest"]
 
-__all__ = ["run", "Result", "CheckpointWarning", "latest", "inspect", "verify", "shrink",
+__all__ = ["run", "Result", "CheckpointWarning", "latest", "reshard", "inspect", "verify", "shrink",
            "convert", "strip", "export", "compress", "decompress", "prune", "apply", "manifest",
            "CheckpointError"]

@@ -193,6 +193,20 @@ class OpenAndLoad(TempDirTest):
                     self.assertEqual(ck.kind, "zero")
                 run("compress", folder)
                 assert_same_tensors(self, dict(ref), ckptool.load(folder + ".ckz"))
+                # ckptool.reshard: the universal checkpoint, each fp32.pt the consolidated weight
+                r = ckptool.reshard(folder, to="universal", output=self.path(name, "ucp"))
+                self.assertEqual(r.report["stage"], stage)
+                with open(self.path(name, "latest_universal")) as f:
+                    self.assertEqual(f.read(), "ucp")
+                for pname in os.listdir(self.path(name, "ucp", "zero")):
+                    if pname == "optimizer_state.pt":
+                        continue
+                    fp32 = torch.load(self.path(name, "ucp", "zero", pname, "fp32.pt"),
+                                      weights_only=True)
+                    fp32 = fp32["param"] if stage <= 2 else fp32.view(ref[pname].shape)
+                    self.assertTrue(torch.equal(fp32, ref[pname].float()), pname)
+                with self.assertRaises(TypeError):
+                    ckptool.reshard(folder, to="universal", ouptut="x")
 
     def test_select_picks_a_key(self):
         path = self.path("s.pt")

@@ -372,6 +372,98 @@ std::vector<std::vector<Piece>> LayOutTrainable(const ZeroCheckpoint& z,
   return out;
 }
 
+// The buffers and frozen parameters the model states files hold (zero_to_fp32's order: buffers,
+// then frozen parameters), appended to z.tensors. `ranks` starts with the model states files.
+void AddBuffersAndFrozen(ZeroCheckpoint& z, const std::vector<RankFile>& ranks) {
+  const RankFile& m0 = ranks[0];
+  const Graph& g0 = m0.graph();
+  const std::string& p0 = m0.file->path;
+  NodeId buffer_names = Lookup(g0, m0.root(), "buffer_names");
+  if (buffer_names == kNil) Fail("{}: no buffer_names: not a model states file", p0);
+  std::vector<std::string> buffers;
+  for (NodeId n : Elements(g0, buffer_names, p0 + ": buffer_names")) {
+    if (g0.kind(n) != Kind::kStr) Fail("{}: buffer_names holds a non-string", p0);
+    buffers.emplace_back(g0.text(n));
+  }
+  NodeId module = Lookup(g0, m0.root(), "module");
+  if (module == kNil) Fail("{}: no module", p0);
+  for (const auto& [name, value] : Entries(g0, module, p0 + ": module")) {
+    if (std::find(buffers.begin(), buffers.end(), name) == buffers.end()) continue;
+    RankFile::Data d = m0.TensorData(value, "module." + name);
+    const torch::Tensor& t = m0.file->torch->model.tensors[m0.tensor_of.at(value)];
+    ZeroTensor zt;
+    zt.name = name;
+    zt.kind = ZeroTensor::Kind::kBuffer;
+    zt.stored = d.dtype;
+    // zero_to_fp32: `v.float() if v.is_floating_point() else v`.
+    zt.dtype = torch::IsFloatingPoint(d.dtype) ? torch::DType::kFloat32 : d.dtype;
+    zt.shape = t.shape;
+    zt.numel = d.numel;
+    if (d.numel) zt.pieces.push_back({m0.index, d.offset, d.numel});
+    z.tensors.push_back(std::move(zt));
+  }
+
+  NodeId frozen_shapes = Lookup(g0, m0.root(), "frozen_param_shapes");
+  // Each model file's fragments by name: read now from a parsed file, at open from the rest.
+  std::vector<FrozenFragments> parsed_fragments(z.model_files);
+  std::vector<const FrozenFragments*> fragments_of(z.model_files);
+  if (!IsNone(g0, frozen_shapes)) {
+    for (size_t r = 0; r < z.model_files; ++r) {
+      if (z.files[r]->torch) {
+        parsed_fragments[r] = FrozenFragmentsOf(ranks[r]);
+        fragments_of[r] = &parsed_fragments[r];
+      } else {
+        if (r >= z.fragments.size()) Fail("internal: {} was not read", z.files[r]->path);
+        fragments_of[r] = &z.fragments[r];
+      }
+    }
+    for (const auto& [name, shape_node] :
+         Entries(g0, frozen_shapes, p0 + ": frozen_param_shapes")) {
+      ZeroTensor zt;
+      zt.name = name;
+      zt.kind = ZeroTensor::Kind::kFrozen;
+      zt.shape = ShapeOf(g0, shape_node, p0 + ": frozen_param_shapes." + name);
+      zt.numel = NumelOf(zt.shape);
+      // Stage 2: the first file holds each frozen param whole; stage 3: every rank a fragment.
+      size_t last = z.stage <= 2 ? 1 : z.model_files;
+      FlatRun run;
+      for (size_t r = 0; r < last; ++r) {
+        const std::string& path = z.files[r]->path;
+        auto frag = fragments_of[r]->find(name);
+        if (frag == fragments_of[r]->end()) Fail("{}: no frozen_param_fragments.{}", path, name);
+        if (!frag->second.error.empty()) Fail("{}", frag->second.error);
+        const Fragment& d = frag->second.where;
+        if (r == 0) zt.stored = zt.dtype = d.dtype;
+        if (d.dtype != zt.stored)
+          Fail("{}: frozen_param_fragments.{} changes dtype between ranks", path, name);
+        run.Add({r, d.offset, d.numel});
+      }
+      if (run.total < zt.numel) {
+        Fail("{}: frozen parameter '{}' needs {} elements but its fragments hold {}", z.folder,
+             name, zt.numel, run.total);
+      }
+      run.Cut(0, zt.numel, torch::ElementSize(zt.stored), zt.pieces);
+      z.tensors.push_back(std::move(zt));
+    }
+  }
+}
+
+// shared_params: each alias of a tensor that is there, by its owner's name.
+void AddAliases(ZeroCheckpoint& z, const RankFile& m0) {
+  const Graph& g0 = m0.graph();
+  const std::string& p0 = m0.file->path;
+  NodeId shared = Lookup(g0, m0.root(), "shared_params");
+  if (!IsNone(g0, shared)) {
+    std::unordered_map<std::string, size_t> known;
+    for (size_t i = 0; i < z.tensors.size(); ++i) known.emplace(z.tensors[i].name, i);
+    for (const auto& [alias, owner] : Entries(g0, shared, p0 + ": shared_params")) {
+      if (g0.kind(owner) != Kind::kStr) Fail("{}: shared_params.{} is not a name", p0, alias);
+      std::string owner_name(g0.text(owner));
+      if (known.count(owner_name) && !known.count(alias)) z.aliases.emplace_back(alias, owner_name);
+    }
+  }
+}
+
 std::vector<std::string> Matching(const std::string& folder, std::string_view suffix) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -389,9 +481,9 @@ namespace {
 
 // DeepSpeed's `latest`: a small text file holding the tag folder's name. A file of that name
 // that is anything else (a symlink to a model file, say) is no ZeRO marker: nullopt.
-std::optional<std::string> LatestTag(const fs::path& root) {
+std::optional<std::string> LatestTag(const fs::path& root, const char* marker = "latest") {
   std::error_code ec;
-  fs::path latest = root / "latest";
+  fs::path latest = root / marker;
   if (!fs::is_regular_file(latest, ec)) return std::nullopt;
   uintmax_t size = fs::file_size(latest, ec);
   if (ec || size > 4096) return std::nullopt;
@@ -402,13 +494,131 @@ std::optional<std::string> LatestTag(const fs::path& root) {
   return tag;  // "" when empty: OpenZeroCheckpoint says so
 }
 
+// Every *.pt of a parameter's folder in zero/, sorted: its state files.
+std::vector<std::string> StateFiles(const fs::path& folder) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.ends_with(".pt") && e.is_regular_file(ec)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
+
+bool LooksLikeUniversalCheckpoint(const std::string& path);
+
+namespace {
+
+// A universal checkpoint (what ds_to_universal.py and `ckptool reshard` write): the model
+// states files as DeepSpeed saved them, and per trainable parameter zero/<name>/fp32.pt (a
+// dict {'cat_dim', 'param'}, or the flat tensor for stage 3) beside its optimizer state files.
+// Read as the consolidated model: buffers and frozen parameters from the model states, each
+// trainable parameter's fp32.pt in param_shapes order, aliases.
+void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
+  z.universal = true;
+  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
+  auto open = [&](const fs::path& file) {
+    auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(file.string()));
+    if (f->torch) {
+      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
+        z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
+    }
+    if (on_file) on_file(*f);
+    return f;
+  };
+  z.fragments.resize(model_names.size());
+  for (size_t i = 0; i < model_names.size(); ++i) {
+    auto f = open(fs::path(z.folder) / model_names[i]);
+    if (i > 0) {
+      z.fragments[i] = FrozenFragmentsOf(Index(*f, i));
+      f->torch.reset();
+    }
+    z.files.push_back(std::move(f));
+  }
+  z.model_files = z.files.size();
+  const RankFile m0 = Index(*z.files[0], 0);
+  const Graph& g0 = m0.graph();
+  const bool stage3 = model_names[0].starts_with("zero_pp_rank_");
+  // The stage: the optimizer state's zero_stage (BF16_Optimizer has none: stage 1), else the
+  // model states files' names.
+  {
+    std::unique_ptr<CheckpointFile> os = open(fs::path(z.folder) / "zero" / "optimizer_state.pt");
+    const RankFile o = Index(*os, 0);
+    NodeId stage = Lookup(o.graph(), o.root(), "zero_stage");
+    z.stage = stage != kNil ? StageOf(o.graph(), stage, os->path + ": zero_stage") : stage3 ? 3 : 1;
+    z.optimizer_bytes = os->map.size();
+  }
+  if ((z.stage == 3) != stage3)
+    Fail("{}: zero_stage {} but model states files named {}", z.folder, z.stage, model_names[0]);
+  NodeId dp = Lookup(g0, m0.root(), "dp_world_size");
+  z.world_size = dp != kNil && g0.kind(dp) == Kind::kInt ? static_cast<int>(g0.at(dp).integer) : 0;
+  std::vector<RankFile> ranks;
+  for (size_t i = 0; i < z.model_files; ++i) {
+    if (i > 0 && !z.files[i]->torch) {
+      ranks.push_back({z.files[i].get(), i, {}});
+      continue;
+    }
+    ranks.push_back(Index(*z.files[i], i));
+  }
+  AddBuffersAndFrozen(z, ranks);
+  const fs::path zero = fs::path(z.folder) / "zero";
+  std::vector<std::string> first_files;
+  std::string first_name;
+  for (const auto& group : ParamShapes(m0)) {
+    for (const auto& [name, shape] : group) {
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+        Fail("{}: parameter name '{}' cannot be a folder of zero/", z.folder, name);
+      const fs::path folder = zero / name;
+      std::error_code ec;
+      if (!fs::is_regular_file(folder / "fp32.pt", ec))
+        Fail("{}: missing: parameter '{}' has no zero/{}/fp32.pt", z.folder, name, name);
+      // DeepSpeed's loader takes every *.pt of a folder as a state of the parameter: every
+      // folder must hold the same ones.
+      std::vector<std::string> files = StateFiles(folder);
+      if (first_name.empty()) {
+        first_files = files;
+        first_name = name;
+      } else if (files != first_files) {
+        Fail("{}: zero/{} holds {} but zero/{} holds {}", z.folder, name, fmt::join(files, ", "),
+             first_name, fmt::join(first_files, ", "));
+      }
+      z.files.push_back(open(folder / "fp32.pt"));
+      const RankFile rf = Index(*z.files.back(), z.files.size() - 1);
+      NodeId param = Lookup(rf.graph(), rf.root(), "param");
+      NodeId t = param != kNil ? param : rf.root();
+      RankFile::Data d = rf.TensorData(t, "zero/" + name + "/fp32.pt");
+      ZeroTensor zt;
+      zt.name = name;
+      zt.kind = ZeroTensor::Kind::kTrainable;
+      zt.shape = shape;
+      zt.numel = NumelOf(shape);
+      if (d.dtype != torch::DType::kFloat32 || d.numel != zt.numel) {
+        Fail("{}: zero/{}/fp32.pt holds {} {} elements; parameter '{}' has {} float32", z.folder,
+             name, d.numel, torch::Name(d.dtype), name, zt.numel);
+      }
+      if (zt.numel) zt.pieces.push_back({rf.index, d.offset, d.numel});
+      z.tensors.push_back(std::move(zt));
+    }
+  }
+  AddAliases(z, m0);
+}
+
+}  // namespace
+
+bool LooksLikeUniversalCheckpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(path) / "zero" / "optimizer_state.pt", ec) &&
+         !Matching(path, "_model_states.pt").empty() && Matching(path, "_optim_states.pt").empty();
+}
 
 bool LooksLikeZeroCheckpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return false;
-  if (LatestTag(path)) return true;
-  return !Matching(path, "_optim_states.pt").empty();
+  if (LatestTag(path) || LatestTag(path, "latest_universal")) return true;
+  return !Matching(path, "_optim_states.pt").empty() || LooksLikeUniversalCheckpoint(path);
 }
 
 ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag,
@@ -421,24 +631,25 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   } else if (std::optional<std::string> latest = LatestTag(root)) {
     z.tag = *latest;
     if (z.tag.empty()) Fail("{}: the 'latest' file is empty", (root / "latest").string());
-  } else if (!Matching(path, "_optim_states.pt").empty()) {
+  } else if (!Matching(path, "_optim_states.pt").empty() || LooksLikeUniversalCheckpoint(path)) {
     z.tag = root.filename().string();
     root = root.parent_path();
+  } else if (std::optional<std::string> universal = LatestTag(root, "latest_universal")) {
+    z.tag = *universal;
+    if (z.tag.empty())
+      Fail("{}: the 'latest_universal' file is empty", (root / "latest_universal").string());
   } else {
     Fail(
         "{}: neither a DeepSpeed checkpoint folder (no 'latest' file) nor a tag folder (no "
-        "*_optim_states.pt)",
+        "*_optim_states.pt) nor a universal checkpoint (no zero/optimizer_state.pt)",
         path);
   }
   z.folder = (root / z.tag).string();
   if (!fs::is_directory(z.folder, ec))
     Fail("{}: no such checkpoint folder (tag '{}')", z.folder, z.tag);
-  if (fs::is_directory(fs::path(z.folder) / "zero", ec) &&
-      Matching(z.folder, "_optim_states.pt").empty()) {
-    Fail(
-        "{}: a universal checkpoint (zero/<param>/fp32.pt); ckptool reads the ZeRO rank files it "
-        "was made from",
-        z.folder);
+  if (LooksLikeUniversalCheckpoint(z.folder)) {
+    OpenUniversal(z, on_file);
+    return z;
   }
   std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
   std::vector<std::string> optim_names = Matching(z.folder, "_optim_states.pt");
@@ -569,77 +780,7 @@ void Consolidate(ZeroCheckpoint& z) {
 
   // Model states of the first file: buffers, frozen params, param shapes, aliases.
   const RankFile& m0 = ranks[0];
-  const Graph& g0 = m0.graph();
-  const std::string& p0 = m0.file->path;
-  NodeId buffer_names = Lookup(g0, m0.root(), "buffer_names");
-  if (buffer_names == kNil) Fail("{}: no buffer_names: not a model states file", p0);
-  std::vector<std::string> buffers;
-  for (NodeId n : Elements(g0, buffer_names, p0 + ": buffer_names")) {
-    if (g0.kind(n) != Kind::kStr) Fail("{}: buffer_names holds a non-string", p0);
-    buffers.emplace_back(g0.text(n));
-  }
-  NodeId module = Lookup(g0, m0.root(), "module");
-  if (module == kNil) Fail("{}: no module", p0);
-  for (const auto& [name, value] : Entries(g0, module, p0 + ": module")) {
-    if (std::find(buffers.begin(), buffers.end(), name) == buffers.end()) continue;
-    RankFile::Data d = m0.TensorData(value, "module." + name);
-    const torch::Tensor& t = m0.file->torch->model.tensors[m0.tensor_of.at(value)];
-    ZeroTensor zt;
-    zt.name = name;
-    zt.kind = ZeroTensor::Kind::kBuffer;
-    zt.stored = d.dtype;
-    // zero_to_fp32: `v.float() if v.is_floating_point() else v`.
-    zt.dtype = torch::IsFloatingPoint(d.dtype) ? torch::DType::kFloat32 : d.dtype;
-    zt.shape = t.shape;
-    zt.numel = d.numel;
-    if (d.numel) zt.pieces.push_back({m0.index, d.offset, d.numel});
-    z.tensors.push_back(std::move(zt));
-  }
-
-  NodeId frozen_shapes = Lookup(g0, m0.root(), "frozen_param_shapes");
-  // Each model file's fragments by name: read now from a parsed file, at open from the rest.
-  std::vector<FrozenFragments> parsed_fragments(z.model_files);
-  std::vector<const FrozenFragments*> fragments_of(z.model_files);
-  if (!IsNone(g0, frozen_shapes)) {
-    for (size_t r = 0; r < z.model_files; ++r) {
-      if (z.files[r]->torch) {
-        parsed_fragments[r] = FrozenFragmentsOf(ranks[r]);
-        fragments_of[r] = &parsed_fragments[r];
-      } else {
-        if (r >= z.fragments.size()) Fail("internal: {} was not read", z.files[r]->path);
-        fragments_of[r] = &z.fragments[r];
-      }
-    }
-    for (const auto& [name, shape_node] :
-         Entries(g0, frozen_shapes, p0 + ": frozen_param_shapes")) {
-      ZeroTensor zt;
-      zt.name = name;
-      zt.kind = ZeroTensor::Kind::kFrozen;
-      zt.shape = ShapeOf(g0, shape_node, p0 + ": frozen_param_shapes." + name);
-      zt.numel = NumelOf(zt.shape);
-      // Stage 2: the first file holds each frozen param whole; stage 3: every rank a fragment.
-      size_t last = z.stage <= 2 ? 1 : z.model_files;
-      FlatRun run;
-      for (size_t r = 0; r < last; ++r) {
-        const std::string& path = z.files[r]->path;
-        auto frag = fragments_of[r]->find(name);
-        if (frag == fragments_of[r]->end()) Fail("{}: no frozen_param_fragments.{}", path, name);
-        if (!frag->second.error.empty()) Fail("{}", frag->second.error);
-        const Fragment& d = frag->second.where;
-        if (r == 0) zt.stored = zt.dtype = d.dtype;
-        if (d.dtype != zt.stored)
-          Fail("{}: frozen_param_fragments.{} changes dtype between ranks", path, name);
-        run.Add({r, d.offset, d.numel});
-      }
-      if (run.total < zt.numel) {
-        Fail("{}: frozen parameter '{}' needs {} elements but its fragments hold {}", z.folder,
-             name, zt.numel, run.total);
-      }
-      run.Cut(0, zt.numel, torch::ElementSize(zt.stored), zt.pieces);
-      z.tensors.push_back(std::move(zt));
-    }
-  }
-
+  AddBuffersAndFrozen(z, ranks);
   ShapeGroups shape_groups = ParamShapes(m0);
   std::vector<std::vector<Piece>> laid =
       LayOutTrainable(z, shape_groups, paddings, partitions, 4, nullptr);
@@ -656,16 +797,7 @@ void Consolidate(ZeroCheckpoint& z) {
     }
   }
 
-  NodeId shared = Lookup(g0, m0.root(), "shared_params");
-  if (!IsNone(g0, shared)) {
-    std::unordered_map<std::string, size_t> known;
-    for (size_t i = 0; i < z.tensors.size(); ++i) known.emplace(z.tensors[i].name, i);
-    for (const auto& [alias, owner] : Entries(g0, shared, p0 + ": shared_params")) {
-      if (g0.kind(owner) != Kind::kStr) Fail("{}: shared_params.{} is not a name", p0, alias);
-      std::string owner_name(g0.text(owner));
-      if (known.count(owner_name) && !known.count(alias)) z.aliases.emplace_back(alias, owner_name);
-    }
-  }
+  AddAliases(z, m0);
 }
 
 ZeroOptimizerState ConsolidateOptimizerState(const ZeroCheckpoint& z) {

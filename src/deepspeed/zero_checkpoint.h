@@ -77,6 +77,10 @@ using FrozenFragments = std::unordered_map<std::string, FrozenFragment>;
 struct ZeroCheckpoint {
   std::string folder;  // <root>/<tag>
   std::string tag;
+  // A universal checkpoint (zero/<param>/fp32.pt; ds_to_universal.py, ckptool reshard): files
+  // are the model states files, then each trainable parameter's fp32.pt; world_size is the
+  // saving run's.
+  bool universal = false;
   int stage = 0;
   int world_size = 0;
   std::vector<std::unique_ptr<CheckpointFile>> files;  // model states files, then optimizer files
@@ -93,8 +97,11 @@ struct ZeroCheckpoint {
   std::vector<std::string> findings;
 };
 
-// A DeepSpeed root (holding `latest`) or a tag folder (holding *_optim_states.pt)?
+// A DeepSpeed root (holding `latest` or `latest_universal`), a tag folder (holding
+// *_optim_states.pt) or a universal checkpoint folder?
 bool LooksLikeZeroCheckpoint(const std::string& path);
+// A universal checkpoint folder: zero/optimizer_state.pt and model states files, no rank files.
+bool LooksLikeUniversalCheckpoint(const std::string& path);
 
 // Reads the ZeRO checkpoint at `path` (a root with `latest`, or a tag folder; `tag` picks one
 // under the root). Throws ckpt::Error naming the folder or file and the reason, including

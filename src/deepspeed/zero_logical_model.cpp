@@ -40,8 +40,9 @@ LogicalTensor ZeroLogicalTensor(const ZeroCheckpoint& z, const ZeroTensor& t) {
 
 LogicalModel ZeroLogicalModel(const ZeroCheckpoint& z, bool exclude_frozen) {
   LogicalModel m;
-  m.description = fmt::format("DeepSpeed ZeRO stage {} checkpoint '{}', {} ranks", z.stage, z.tag,
-                              z.world_size);
+  m.description =
+      fmt::format("DeepSpeed {} stage {} checkpoint '{}', {} ranks",
+                  z.universal ? "universal (ZeRO)" : "ZeRO", z.stage, z.tag, z.world_size);
   for (const auto& f : z.files) m.inputs.push_back(&f->map);
   for (const ZeroTensor& t : z.tensors) {
     if (exclude_frozen && t.kind == ZeroTensor::Kind::kFrozen) continue;

@@ -93,6 +93,15 @@ VerifyOutcome VerifyLocated(const Located& item, unsigned threads, const torch::
     case Container::kZero: {
       // A DeepSpeed ZeRO checkpoint: its partitions must also add up to one model.
       deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path);
+      if (z.universal) {
+        return VerifyOutcome{
+            {},
+            fmt::format("{}: OK (DeepSpeed universal checkpoint of ZeRO stage {} from {} ranks: "
+                        "every parameter's fp32.pt is there in its shape, every folder holds "
+                        "the same optimizer state files; {} tensors)",
+                        z.folder, z.stage, z.world_size, z.tensors.size()),
+            {}};
+      }
       return VerifyOutcome{{},
                            fmt::format("{}: OK (DeepSpeed ZeRO stage {}, {} ranks: the "
                                        "partitions of all {} tensors are present and add up)",

@@ -49,8 +49,13 @@ std::string RenderZeroText(const deepspeed::ZeroCheckpoint& z, size_t top_n) {
     counts[static_cast<int>(t.kind)]++;
   }
   uint64_t model = bytes[0] + bytes[1] + bytes[2];
-  std::string out = fmt::format("{}: DeepSpeed ZeRO stage {}, {} ranks, tag {}\n",
-                                Printable(z.folder), z.stage, z.world_size, Printable(z.tag));
+  std::string out = z.universal
+                        ? fmt::format(
+                              "{}: DeepSpeed universal checkpoint of ZeRO stage {} from {} "
+                              "ranks (loads on any number), tag {}\n",
+                              Printable(z.folder), z.stage, z.world_size, Printable(z.tag))
+                        : fmt::format("{}: DeepSpeed ZeRO stage {}, {} ranks, tag {}\n",
+                                      Printable(z.folder), z.stage, z.world_size, Printable(z.tag));
   out += fmt::format("  consolidated model (as zero_to_fp32 builds it): {} tensors, {}\n",
                      z.tensors.size(), HumanBytes(model));
   out += fmt::format(

@@ -11,6 +11,8 @@ the same batches so that the run does not depend on the world size (real_ucp_tra
     weight and optimizer state gathered right after the load equals the one gathered right after
     the save (buffers are not: DeepSpeed's universal load never loads the module);
   * SGD's momentum_buffer (which ds_to_universal cannot convert: KeyError 'exp_avg') resumes too;
+  * both universal checkpoints (ckptool's and DeepSpeed's) verify and export the model the ZeRO
+    checkpoint exports, byte for byte; a missing or cut parameter file fails verify;
   * a damaged rank file is refused with nothing written; an existing output is not replaced
     without --force."""
 import json
@@ -149,6 +151,17 @@ class ReshardRealTest(TempDirTest):
                                   "zero/frozen.bias", "zero/head.weight"})
                 self.assertTrue(all(f.endswith("/fp32.pt") for f in only_theirs), only_theirs)
                 self.assertGreaterEqual(len(ours_files), 20)
+                # Both universal checkpoints verify, and export the model the ZeRO checkpoint
+                # exports (zero_to_fp32's state dict: test_deepspeed_real), byte for byte.
+                exports = []
+                for i, folder in enumerate((os.path.join(root, TAG), ucp, theirs)):
+                    self.assertIn("OK", run("verify", folder).stdout)
+                    out = self.path(name, f"export-{i}.safetensors")
+                    run("export", folder, "--to", out)
+                    with open(out, "rb") as f:
+                        exports.append(f.read())
+                self.assertEqual(exports[1], exports[0], "export of ckptool's universal checkpoint")
+                self.assertEqual(exports[2], exports[0], "export of DeepSpeed's universal checkpoint")
 
     def test_resume_on_one_and_three_ranks_is_bit_exact(self):
         for name, (stage, _, _, opt) in CONFIGS.items():
@@ -174,6 +187,28 @@ class ReshardRealTest(TempDirTest):
                         # fresh model's values (as with ds_to_universal's output).
                         if not k.startswith("buffer:"):
                             assert_same(self, state[k], saved[k], k)
+
+    def test_a_damaged_universal_checkpoint_fails_verify(self):
+        _, root, ucp, _ = self.reshard("s3_fp32")
+        self.assertIn("universal checkpoint", run("verify", ucp).stdout)
+        param = sorted(os.listdir(os.path.join(ucp, "zero")))[0]
+        cases = {
+            "fp32.pt deleted": ("fp32.pt", None, "has no zero/"),
+            "a state file deleted": ("exp_avg.pt", None, "holds"),
+            "fp32.pt cut short": ("fp32.pt", 200, "fp32.pt"),
+        }
+        for what, (name, size, needle) in cases.items():
+            with self.subTest(what):
+                copy = self.path("damaged-" + what.replace(" ", "-"))
+                shutil.copytree(ucp, copy)
+                target = os.path.join(copy, "zero", param if param != "optimizer_state.pt"
+                                      else sorted(os.listdir(os.path.join(copy, "zero")))[1], name)
+                if size is None:
+                    os.remove(target)
+                else:
+                    os.truncate(target, size)
+                r = run("verify", copy, expect=1)
+                self.assertIn(needle, r.stdout + r.stderr)
 
     def test_refuses_damage_and_existing_output(self):
         _, root, ucp, _ = self.reshard("s1_fp32")

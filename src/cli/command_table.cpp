@@ -31,7 +31,7 @@ constexpr CommandInfo kCommands[] = {
     {"manifest", "Write a manifest of a checkpoint: SHA-256 of every file, digest of every tensor",
      AddManifest, false, false},
     {"reshard", "Rewrite a DeepSpeed ZeRO checkpoint as a universal checkpoint (any world size)",
-     AddReshard, false, false},
+     AddReshard, true, false},
 };
 
 }  // namespace

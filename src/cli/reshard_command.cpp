@@ -8,6 +8,8 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "cluster/steps.h"
+#include "cluster/world.h"
 #include "io/parallel.h"
 #include "ops/reshard.h"
 
@@ -32,7 +34,19 @@ int RunReshard(const ReshardCliOptions& o) {
   ro.tag = o.tag;
   ro.threads = std::max(1u, o.threads);
   ro.force = o.force;
+  if (cluster::Distributed()) {
+    // Every rank writes its share of the parameters; rank 0 checks, prepares and commits.
+    ro.team.rank = cluster::Rank();
+    ro.team.size = cluster::Size();
+    ro.team.agree = [](const std::string& view, const std::string& summary) {
+      cluster::Agree(view, summary);
+      cluster::Collect("");
+    };
+    ro.team.decide = [](const std::string& value) { return cluster::Decide(value); };
+    ro.team.confirm = [](const std::string& error) { return cluster::Confirm(error); };
+  }
   ReshardResult r = ReshardToUniversal(o.checkpoint, ro);
+  if (!cluster::IsRoot()) return 0;  // rank 0 reports
   if (o.json) {
     PrintJson(nlohmann::ordered_json{{"source", r.source},
                                      {"output", r.output},

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "cluster/partition.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "io/atomic_output.h"
 #include "io/file_copy.h"
@@ -86,8 +88,11 @@ uint64_t FileBytes(const std::string& path) {
 }  // namespace
 
 ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOptions& o) {
+  const ReshardTeam& team = o.team;
+  const bool root = team.rank == 0;
   ReshardResult r;
   deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(checkpoint, o.tag);
+  if (z.universal) Fail("{}: a universal checkpoint already", z.folder);
   r.source = z.folder;
   r.stage = z.stage;
   r.world_size = z.world_size;
@@ -98,17 +103,6 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
   r.output = o.output.empty() ? z.folder + "_universal" : o.output;
   const fs::path latest = dest.parent_path() / "latest_universal";
   r.latest_universal = (fs::path(r.output).parent_path() / "latest_universal").string();
-  std::error_code ec;
-  const bool replace = fs::exists(dest, ec);
-  if (replace && !o.force) Fail("{}: exists (use --force to write it again)", r.output);
-  if (replace && !fs::is_directory(dest, ec)) Fail("{}: exists and is not a folder", r.output);
-  if (fs::exists(latest, ec) && !o.force &&
-      ReadMarkerFile(latest.string()) != dest.filename().string()) {
-    Fail("{}: exists and names '{}' (use --force to point it at {})", latest.string(),
-         ReadMarkerFile(latest.string()), dest.filename().string());
-  }
-  // Only verified bytes go into the new files (their CRCs would vouch for them).
-  RefuseDamaged(z.folder, o.threads, "nothing written");
   deepspeed::ZeroOptimizerState os = deepspeed::ConsolidateOptimizerState(z);
   r.keys = os.keys;
   for (const deepspeed::ZeroOptimizerState::Param& p : os.params)
@@ -117,82 +111,147 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
     if (k == "fp32" || k == "step") Fail("optimizer state key '{}' would clash with a file", k);
     CheckParameterName(k);
   }
-
-  CreatedFolders created;
-  created.Create(dest.parent_path().string(), r.output);
-  TempFolder tmp{TempPathFor(dest.string())};
-  fs::create_directory(tmp.path);
-  const fs::path zero = fs::path(tmp.path) / "zero";
-  fs::create_directory(zero);
   std::vector<const MappedFile*> inputs;
+  std::vector<uint64_t> param_bytes;
   for (const auto& f : z.files) inputs.push_back(&f->map);
-
-  // The model states files, as they are: stages 1/2 rank 0's, stage 3 every rank's.
-  size_t copies = z.stage <= 2 ? 1 : z.model_files;
-  for (size_t i = 0; i < copies; ++i) {
-    CopyFileAtomically(z.files[i]->map,
-                       (fs::path(tmp.path) / fs::path(z.files[i]->path).filename()).string());
+  for (const deepspeed::ZeroOptimizerState::Param& p : os.params) {
+    param_bytes.push_back(z.tensors[p.tensor].numel * 4 * (1 + os.keys.size()));
   }
-  // optimizer_state.pt, and each group's step (stages 1/2) once, copied into each folder.
-  const std::string rank0 = z.files[os.step_file]->path;
-  WriteObjectOf(
-      rank0, (zero / "optimizer_state.pt").string(),
-      [&](Graph& g) { OptimizerStateRoot(g, z.stage); }, o.threads);
-  std::vector<std::string> step_bytes(os.steps.size());
-  if (z.stage <= 2) {
-    for (size_t gi = 0; gi < os.steps.size(); ++gi) {
-      if (os.steps[gi] == kNil) continue;
-      std::string file = (fs::path(tmp.path) / fmt::format("step-{}.pt", gi)).string();
-      NodeId step = os.steps[gi];
+  if (team.agree) {
+    std::string view = fmt::format("{} {} {}", z.folder, os.params.size(), os.keys.size());
+    for (const MappedFile* in : inputs) view += fmt::format(" {}", in->size());
+    team.agree(view, fmt::format("{}, {} parameters, {} files", z.folder, os.params.size(),
+                                 inputs.size()));
+  }
+
+  // Rank 0 checks the destination and the input, and lays out the folder: the model states
+  // files, optimizer_state.pt, each group's step (stages 1/2) once.
+  std::error_code ec;
+  const bool replace = fs::exists(dest, ec);
+  CreatedFolders created;
+  TempFolder tmp;
+  std::string prepared_error;
+  if (root) {
+    try {
+      if (replace && !o.force) Fail("{}: exists (use --force to write it again)", r.output);
+      if (replace && !fs::is_directory(dest, ec)) Fail("{}: exists and is not a folder", r.output);
+      if (fs::exists(latest, ec) && !o.force &&
+          ReadMarkerFile(latest.string()) != dest.filename().string()) {
+        Fail("{}: exists and names '{}' (use --force to point it at {})", latest.string(),
+             ReadMarkerFile(latest.string()), dest.filename().string());
+      }
+      // Only verified bytes go into the new files (their CRCs would vouch for them).
+      RefuseDamaged(z.folder, o.threads, "nothing written");
+      created.Create(dest.parent_path().string(), r.output);
+      tmp = TempFolder(TempPathFor(dest.string()));
+      fs::create_directory(tmp.path);
+      fs::create_directory(fs::path(tmp.path) / "zero");
+      size_t copies = z.stage <= 2 ? 1 : z.model_files;
+      for (size_t i = 0; i < copies; ++i) {
+        CopyFileAtomically(z.files[i]->map,
+                           (fs::path(tmp.path) / fs::path(z.files[i]->path).filename()).string());
+      }
+      const std::string rank0 = z.files[os.step_file]->path;
       WriteObjectOf(
-          rank0, file, [step](Graph& g) { g.root = step; }, 1);
-      std::ifstream in(file, std::ios::binary);
-      step_bytes[gi].assign(std::istreambuf_iterator<char>(in), {});
-      fs::remove(file);
+          rank0, (fs::path(tmp.path) / "zero" / "optimizer_state.pt").string(),
+          [&](Graph& g) { OptimizerStateRoot(g, z.stage); }, o.threads);
+      for (size_t gi = 0; z.stage <= 2 && gi < os.steps.size(); ++gi) {
+        if (os.steps[gi] == kNil) continue;
+        NodeId step = os.steps[gi];
+        WriteObjectOf(
+            rank0, (fs::path(tmp.path) / fmt::format("step-{}.pt", gi)).string(),
+            [step](Graph& g) { g.root = step; }, 1);
+      }
+    } catch (const Error& e) {
+      if (!team.decide) throw;
+      prepared_error = e.what();
     }
   }
+  if (team.decide) {
+    nlohmann::json d = nlohmann::json::parse(
+        team.decide(nlohmann::json{{"folder", tmp.path}, {"error", prepared_error}}.dump()));
+    if (!d["error"].get<std::string>().empty()) Fail("{}", d["error"].get<std::string>());
+    if (!root) tmp.path = d["folder"].get<std::string>(), tmp.keep = true;  // rank 0's
+  }
+  const fs::path zero = fs::path(tmp.path) / "zero";
+  std::vector<std::string> step_bytes(os.steps.size());
+  for (size_t gi = 0; z.stage <= 2 && gi < os.steps.size(); ++gi) {
+    if (os.steps[gi] == kNil) continue;
+    std::ifstream in(fs::path(tmp.path) / fmt::format("step-{}.pt", gi), std::ios::binary);
+    step_bytes[gi].assign(std::istreambuf_iterator<char>(in), {});
+    if (step_bytes[gi].empty()) Fail("{}: the step of group {} was not written", tmp.path, gi);
+  }
 
-  // Every parameter's files, parameters side by side.
+  // Every parameter's files (this rank's share in an MPI job), parameters side by side.
   const auto root_kind =
       z.stage <= 2 ? TorchOutputOptions::Root::kUniversalParam : TorchOutputOptions::Root::kTensor;
+  std::vector<size_t> mine;
+  if (team.size > 1) {
+    mine = cluster::ItemsOf(cluster::PartitionByBytes(param_bytes, team.size), team.rank);
+  } else {
+    for (size_t i = 0; i < os.params.size(); ++i) mine.push_back(i);
+  }
   std::atomic<uint64_t> files{0};
-  ParallelFor(os.params.size(), o.threads, [&](size_t i) {
-    const deepspeed::ZeroOptimizerState::Param& p = os.params[i];
-    const deepspeed::ZeroTensor& fp32 = z.tensors[p.tensor];
-    const fs::path folder = zero / fp32.name;
-    fs::create_directory(folder);
-    auto write = [&](const deepspeed::ZeroTensor& t, const std::string& file) {
-      LogicalTensor lt = deepspeed::ZeroLogicalTensor(z, t);
-      TensorSource src = LogicalSource(lt, t.dtype);
-      src.name = "param";
-      // Stage 3 files hold the flat tensor (ds_to_universal: torch.cat of the 1-D fragments).
-      if (z.stage == 3) src.shape = {static_cast<int64_t>(t.numel)};
-      TorchOutputOptions to;
-      to.inputs = inputs;
-      to.root = root_kind;
-      WriteTorchModel((folder / file).string(), {std::move(src)}, {}, to);
-      ++files;
-    };
-    write(fp32, "fp32.pt");
-    for (size_t k = 0; k < os.keys.size(); ++k) {
-      deepspeed::ZeroTensor t = fp32;
-      t.stored = t.dtype = os.dtypes[k];
-      t.pieces = p.pieces[k];
-      write(t, os.keys[k] + ".pt");
+  std::string write_error;
+  try {
+    ParallelFor(mine.size(), o.threads, [&](size_t m) {
+      const deepspeed::ZeroOptimizerState::Param& p = os.params[mine[m]];
+      const deepspeed::ZeroTensor& fp32 = z.tensors[p.tensor];
+      const fs::path folder = zero / fp32.name;
+      fs::create_directory(folder);
+      auto write = [&](const deepspeed::ZeroTensor& t, const std::string& file) {
+        LogicalTensor lt = deepspeed::ZeroLogicalTensor(z, t);
+        TensorSource src = LogicalSource(lt, t.dtype);
+        src.name = "param";
+        // Stage 3 files hold the flat tensor (ds_to_universal: torch.cat of the 1-D pieces).
+        if (z.stage == 3) src.shape = {static_cast<int64_t>(t.numel)};
+        TorchOutputOptions to;
+        to.inputs = inputs;
+        to.root = root_kind;
+        WriteTorchModel((folder / file).string(), {std::move(src)}, {}, to);
+        ++files;
+      };
+      write(fp32, "fp32.pt");
+      for (size_t k = 0; k < os.keys.size(); ++k) {
+        deepspeed::ZeroTensor t = fp32;
+        t.stored = t.dtype = os.dtypes[k];
+        t.pieces = p.pieces[k];
+        write(t, os.keys[k] + ".pt");
+      }
+      const std::string& step = step_bytes[static_cast<size_t>(p.group)];
+      if (!step.empty()) {
+        std::string path = (folder / "step.pt").string();
+        AtomicOutput out = AtomicOutput::Create(path, step.size());
+        out.Write(0, AsBytes(step));
+        out.Commit();
+        ++files;
+      }
+    });
+  } catch (const Error& e) {
+    if (!team.confirm) throw;
+    write_error = e.what();
+  }
+  if (team.confirm) {
+    std::string first = team.confirm(write_error);
+    if (!write_error.empty()) Fail("{}", write_error);
+    if (!root) {
+      r.parameters = mine.size();
+      r.files = files;
+      return r;  // rank 0 puts the folder into place
     }
-    const std::string& step = step_bytes[static_cast<size_t>(p.group)];
-    if (!step.empty()) {
-      std::string path = (folder / "step.pt").string();
-      AtomicOutput out = AtomicOutput::Create(path, step.size());
-      out.Write(0, AsBytes(step));
-      out.Commit();
-      ++files;
-    }
-  });
+    if (!first.empty()) Fail("{}", first);
+  }
+  for (size_t gi = 0; gi < os.steps.size(); ++gi)
+    fs::remove(fs::path(tmp.path) / fmt::format("step-{}.pt", gi), ec);
   r.parameters = os.params.size();
-  r.files = files + copies + 1;
   for (const auto& e : fs::recursive_directory_iterator(tmp.path)) {
-    if (e.is_regular_file()) r.bytes += FileBytes(e.path().string());
+    if (e.is_regular_file()) {
+      r.bytes += FileBytes(e.path().string());
+      ++r.files;
+    }
+  }
+  for (const auto& e : fs::directory_iterator(zero)) {
+    if (e.is_directory()) SyncFolder(e.path().string());
   }
   SyncFolder(zero.string());
   SyncFolder(tmp.path);

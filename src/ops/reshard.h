@@ -19,16 +19,30 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace ckpt {
+
+// The ranks of an MPI job writing one universal checkpoint: every rank reads the checkpoint,
+// rank 0 checks it and prepares the folder, each rank writes its share of the parameters
+// (balanced by bytes), rank 0 puts the folder into place once every rank has written its
+// share. cli/reshard_command.cpp ties these to cluster/steps.h; unset: one process.
+struct ReshardTeam {
+  int rank = 0;
+  int size = 1;
+  std::function<void(const std::string& view, const std::string& summary)> agree;
+  std::function<std::string(const std::string& value)> decide;   // rank 0's, to every rank
+  std::function<std::string(const std::string& error)> confirm;  // rank 0: the first error
+};
 
 struct ReshardOptions {
   std::string output;  // the universal checkpoint's folder; empty: <root>/<tag>_universal
   std::string tag;     // the tag folder under a root; empty: what `latest` names
   unsigned threads = 1;
   bool force = false;  // replace an existing output and latest_universal
+  ReshardTeam team;
 };
 
 struct ReshardResult {

@@ -297,6 +297,20 @@ class MpiTest(unittest.TestCase):
         self.assertSameRun(a, b, ["decompress", "--rm", "--json", *archives], rc=0)
         self.assertEqual(tree_hashes(b), tree_hashes(self.src))
 
+    def test_reshard_spreads_the_parameters(self):
+        """reshard --to universal: every rank writes its share of the parameters into rank 0's
+        folder, rank 0 puts it into place; the same files as one process writes."""
+        import zero_fixtures as zf
+        for stage in (2, 3):
+            with self.subTest(stage=stage):
+                a = os.path.join(self.work, f"za{stage}")
+                b = os.path.join(self.work, f"zb{stage}")
+                zf.make_zero_checkpoint(os.path.join(a, "ckpt"), stage, 3, device="cpu")
+                shutil.copytree(a, b)
+                self.assertSameRun(a, b, ["reshard", "ckpt", "--to", "universal", "-j", "1"], rc=0)
+                zero = os.path.join(b, "ckpt", "global_step14_universal", "zero")
+                self.assertGreaterEqual(len(os.listdir(zero)), 4)
+
     def test_sharded_export_and_a_failed_shard(self):
         a, b = self.copy("a"), self.copy("b")
         args = ["export", "ckpt_00.pt", "--to", "st", "--select", "model", "--max-shard-size",

@@ -1,7 +1,8 @@
 // Fuzz target: DeepSpeed ZeRO consolidation (deepspeed/zero_checkpoint.h) over rank files
 // given in one input as records [u8 role: even = model states, odd = optimizer][u32 LE
 // length][bytes of a torch file]. Besides not crashing, every tensor it maps must be made of
-// pieces that add up to its elements and lie inside their file.
+// pieces that add up to its elements and lie inside their file; so must every parameter's
+// optimizer state (ConsolidateOptimizerState, what reshard writes).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -56,6 +57,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     if (count != t.numel) std::abort();  // pieces that do not add up
+  }
+  // The optimizer state, laid out as the fp32 weights (what reshard writes): every key's
+  // pieces inside their file and adding up to the parameter's elements.
+  deepspeed::ZeroOptimizerState os;
+  try {
+    os = deepspeed::ConsolidateOptimizerState(z);
+  } catch (const Error&) {
+    return 0;
+  }
+  if (os.dtypes.size() != os.keys.size()) std::abort();
+  for (const deepspeed::ZeroOptimizerState::Param& p : os.params) {
+    if (p.tensor >= z.tensors.size() || p.pieces.size() != os.keys.size()) std::abort();
+    if (p.group < 0 || static_cast<size_t>(p.group) >= os.steps.size()) std::abort();
+    for (size_t k = 0; k < os.keys.size(); ++k) {
+      uint64_t count = 0;
+      for (const deepspeed::Piece& piece : p.pieces[k]) {
+        count += piece.count;
+        uint64_t bytes = piece.count * torch::ElementSize(os.dtypes[k]);
+        if (piece.file >= inputs.size() || piece.offset > inputs[piece.file].size() ||
+            bytes > inputs[piece.file].size() - piece.offset) {
+          std::abort();
+        }
+      }
+      if (count != z.tensors[p.tensor].numel) std::abort();
+    }
   }
   return 0;
 }

@@ -103,13 +103,7 @@ NodeId StateDict(const Graph& g, NodeId n) {
 
 // Field `name` of an object or dict; kNil when absent.
 NodeId Field(const Graph& g, NodeId obj, std::string_view name) {
-  NodeId d = StateDict(g, obj);
-  if (d == kNil) return kNil;
-  const auto& pairs = g.pairs(d);
-  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == name) return pairs[i + 1];
-  }
-  return kNil;
+  return g.ValueAt(StateDict(g, obj), name);
 }
 
 Metadata ParseMetadata(Bytes bytes) {

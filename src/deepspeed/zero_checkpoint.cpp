@@ -30,12 +30,7 @@ namespace {
 
 // A dict, or an object built with SETITEMS (OrderedDict): the value under a string key.
 NodeId Lookup(const Graph& g, NodeId node, std::string_view key) {
-  if (node == kNil || !g.has_compound(node)) return kNil;
-  std::span<const NodeId> pairs = g.pairs(node);
-  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == key) return pairs[i + 1];
-  }
-  return kNil;
+  return g.ValueAt(node, key);
 }
 
 bool IsNone(const Graph& g, NodeId n) {
@@ -355,8 +350,10 @@ std::vector<std::vector<Piece>> LayOutTrainable(const ZeroCheckpoint& z,
       out.emplace_back();
       all.Cut(0, numel, element_size, out.back());
       if (group_of) {
+        // (an empty parameter at the very end sits at the last sub-group's end)
         auto it = std::upper_bound(sub_ends.begin(), sub_ends.end(), offset);
-        group_of->push_back(static_cast<int>(it - sub_ends.begin()));
+        size_t sub = static_cast<size_t>(it - sub_ends.begin());
+        group_of->push_back(static_cast<int>(std::min(sub, sub_ends.size() - 1)));
       }
       offset += ps;
     }
@@ -494,6 +491,19 @@ std::optional<std::string> LatestTag(const fs::path& root, const char* marker = 
   return tag;  // "" when empty: OpenZeroCheckpoint says so
 }
 
+// One file of the checkpoint, read, with what its pickle would import or call noted in
+// z.findings, and shown to `on_file`.
+std::unique_ptr<CheckpointFile> OpenRankFile(ZeroCheckpoint& z, const std::string& path,
+                                             const OnRankFile& on_file) {
+  auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(path));
+  if (f->torch) {
+    for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
+      z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
+  }
+  if (on_file) on_file(*f);
+  return f;
+}
+
 // Every *.pt of a parameter's folder in zero/, sorted: its state files.
 std::vector<std::string> StateFiles(const fs::path& folder) {
   std::vector<std::string> out;
@@ -520,15 +530,7 @@ namespace {
 void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
   z.universal = true;
   std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
-  auto open = [&](const fs::path& file) {
-    auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(file.string()));
-    if (f->torch) {
-      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
-        z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
-    }
-    if (on_file) on_file(*f);
-    return f;
-  };
+  auto open = [&](const fs::path& file) { return OpenRankFile(z, file.string(), on_file); };
   z.fragments.resize(model_names.size());
   for (size_t i = 0; i < model_names.size(); ++i) {
     auto f = open(fs::path(z.folder) / model_names[i]);
@@ -674,13 +676,7 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
   if (model_names.empty()) Fail("{}: no *_model_states.pt files", z.folder);
   if (optim_names.empty()) Fail("{}: no *_optim_states.pt files", z.folder);
   auto open = [&](const std::string& name) {
-    auto f = std::make_unique<CheckpointFile>(OpenCheckpoint((fs::path(z.folder) / name).string()));
-    if (f->torch) {
-      for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
-        z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));
-    }
-    if (on_file) on_file(*f);
-    return f;
+    return OpenRankFile(z, (fs::path(z.folder) / name).string(), on_file);
   };
   z.fragments.resize(model_names.size());
   for (size_t i = 0; i < model_names.size(); ++i) {

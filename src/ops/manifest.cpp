@@ -208,7 +208,11 @@ void BeforeReplace(const std::string& file) {
 void AfterReplace(const std::string& file) {
   if (IsManifestName(fs::path(file).filename().string())) return;
   std::lock_guard<std::mutex> lock(g_hook_mutex);
-  for (const auto& [manifest, name] : Covering(file)) {
+  for (const auto& covering : Covering(file)) {
+    // References, not structured bindings: the lambdas below capture them (clang before 16
+    // cannot capture a binding).
+    const std::string& manifest = covering.first;
+    const std::string& name = covering.second;
     try {
       Json j = ReadManifest(manifest);
       bool named = false;
@@ -265,7 +269,11 @@ void AfterRemove(const std::string& file) {
   std::lock_guard<std::mutex> lock(g_hook_mutex);
   std::error_code ec;
   fs::remove(file + kManifestSuffix, ec);
-  for (const auto& [manifest, name] : Covering(file)) {
+  for (const auto& covering : Covering(file)) {
+    // References, not structured bindings: the lambdas below capture them (clang before 16
+    // cannot capture a binding).
+    const std::string& manifest = covering.first;
+    const std::string& name = covering.second;
     try {
       Json j = ReadManifest(manifest);
       Json& list = j["resources"];

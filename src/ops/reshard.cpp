@@ -36,12 +36,7 @@ using pickle::NodeId;
 namespace {
 
 NodeId Lookup(const Graph& g, NodeId node, std::string_view key) {
-  if (node == kNil || !g.has_compound(node)) return kNil;
-  std::span<const NodeId> pairs = g.pairs(node);
-  for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-    if (g.kind(pairs[i]) == Kind::kStr && g.text(pairs[i]) == key) return pairs[i + 1];
-  }
-  return kNil;
+  return g.ValueAt(node, key);
 }
 
 // optimizer_state.pt: rank 0's optimizer_state_dict without what is partitioned (stages 1/2:
@@ -218,6 +213,8 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
         t.pieces = p.pieces[k];
         write(t, os.keys[k] + ".pt");
       }
+      if (p.group < 0 || static_cast<size_t>(p.group) >= step_bytes.size())
+        Fail("internal: parameter '{}' is in no group", fp32.name);
       const std::string& step = step_bytes[static_cast<size_t>(p.group)];
       if (!step.empty()) {
         std::string path = (folder / "step.pt").string();

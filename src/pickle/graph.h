@@ -195,6 +195,17 @@ class Graph {
     const CompoundLists* l = Lists(id);
     return l ? ids.Get(l->states) : std::span<const NodeId>();
   }
+  // The value under the string key `key` among the pairs of a dict (or of an object built
+  // with SETITEMS: an OrderedDict), the first one given; kNil when there is none (or `id` is
+  // kNil or holds no pairs).
+  NodeId ValueAt(NodeId id, std::string_view key) const {
+    if (id == kNil || !has_compound(id)) return kNil;
+    std::span<const NodeId> p = pairs(id);
+    for (size_t i = 0; i + 1 < p.size(); i += 2) {
+      if (kind(p[i]) == Kind::kStr && text(p[i]) == key) return p[i + 1];
+    }
+    return kNil;
+  }
 
   // kObject whose callable is the global module.name?
   bool IsCallOf(NodeId id, std::string_view module, std::string_view name) const;

@@ -16,6 +16,12 @@ def read_source(name):
         return f.read()
 
 
+def fixture_script(name, *args):
+    """The text of tests/real/<name> run as a fixture script: its make_fixture(OUT, *args)."""
+    call = ", ".join(["sys.argv[1]", *map(repr, args)])
+    return read_source(name) + f"\nimport sys\nmake_fixture({call})\n"
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -18,30 +18,19 @@ calls dcp.save into OUT/ckpt. Modes:
 Every rank also writes OUT/rank<r>.json with what it put into the state dict (names only), so
 a failing save is visible. Nothing here is ckptool's: this is what torch writes.
 """
-import hashlib
 import json
 import os
-import socket
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from stacklib import free_port, module_script  # noqa: E402
 
 
 def script():
-    """The `python -c` text for stacklib.fixture: imports this module (so that
-    torch.multiprocessing can pickle the worker) and runs main(). The module's own hash is in
-    the text, so the fixture cache follows edits of this file."""
-    with open(os.path.abspath(__file__), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return (f"# real_dcp_save.py {digest}\n"
-            f"import sys\nsys.path.insert(0, {HERE!r})\n"
-            f"import real_dcp_save\nreal_dcp_save.main(sys.argv[1:])\n")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The `python -c` text for stacklib.fixture (stacklib.module_script)."""
+    return module_script(__file__)
 
 
 def build_model():

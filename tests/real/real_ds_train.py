@@ -22,34 +22,23 @@ scheduler and gradient clipping from the config.
 DTYPE is fp32 or bf16; ALIGN 1 sets zero_optimization.parameter_alignment (DeepSpeed 0.19:
 16-byte aligned parameters inside the flat groups, saved as param_alignment_paddings).
 """
-import hashlib
 import json
 import os
-import socket
 import sys
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from stacklib import free_port, module_script  # noqa: E402
 WORLD = 2
 STEPS = 3
 MORE = 3
 
 
 def script():
-    """The `python -c` text: imports this module (torch.multiprocessing pickles the worker by
-    reference) and runs main(); the module's hash is in the text, so stacklib.fixture's cache
-    follows edits of this file."""
-    with open(os.path.abspath(__file__), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return (f"# real_ds_train.py {digest}\n"
-            f"import sys\nsys.path.insert(0, {HERE!r})\n"
-            f"import real_ds_train\nreal_ds_train.main(sys.argv[1:])\n")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The `python -c` text for stacklib.fixture (stacklib.module_script)."""
+    return module_script(__file__)
 
 
 def build_model():
@@ -132,7 +121,7 @@ def train(eng, first, n, rank):
 
 def gather(obj):
     import deepspeed.comm as dist
-    out = [None] * WORLD
+    out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
 

@@ -24,81 +24,28 @@ data and optimizer of real_ds_train.py, with what resuming on another world size
         OUT/resume_w<WORLD>.json: name -> per-rank {"losses", "lrs", "global_steps",
         "count", "step"} or {"error"}.
 """
-import hashlib
 import json
 import os
-import socket
 import sys
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+import real_ds_train  # noqa: E402
+from real_ds_train import gather  # noqa: E402
+from stacklib import free_port, module_script  # noqa: E402
 STEPS = 3
 MORE = 3
 
 
 def script():
-    """The `python -c` text: imports this module (torch.multiprocessing pickles the worker by
-    reference) and runs main(); the module's hash is in the text, so stacklib.fixture's cache
-    follows edits of this file."""
-    with open(os.path.abspath(__file__), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return (f"# real_ucp_train.py {digest}\n"
-            f"import sys\nsys.path.insert(0, {HERE!r})\n"
-            f"import real_ucp_train\nreal_ucp_train.main(sys.argv[1:])\n")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def build_model():
-    import torch
-    import torch.nn as nn
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(11, 6)
-            self.l1 = nn.Linear(6, 10)
-            self.norm = nn.LayerNorm(10)
-            self.frozen = nn.Linear(10, 10)
-            self.l2 = nn.Linear(10, 7)
-            self.head = nn.Linear(6, 11, bias=False)
-            self.head.weight = self.emb.weight            # tied
-            self.register_buffer("scale", torch.arange(10) / 8 + 0.5)   # exact in bf16
-            self.register_buffer("ids", torch.arange(5))
-            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
-            for p in self.frozen.parameters():
-                p.requires_grad_(False)
-
-        def forward(self, x):
-            self.count += 1
-            h = self.emb(x)
-            h2 = self.norm(torch.relu(self.l1(h)))
-            h2 = self.frozen(h2)
-            h2 = self.l2(h2 * self.scale.to(h2.dtype))
-            return self.head(h).float().pow(2).mean() + h2.float().pow(2).mean()
-
-    return Net()
+    """The `python -c` text for stacklib.fixture: this module and real_ds_train, which it uses."""
+    return module_script(__file__, os.path.join(HERE, "real_ds_train.py"))
 
 
 def config(stage, dtype, align, universal=False, opt="adamw"):
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10 ** 9,
-        "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": stage},
-        "scheduler": {"type": "WarmupLR",
-                      "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
-                                 "warmup_num_steps": 4, "warmup_type": "linear"}},
-    }
-    if align:
-        cfg["zero_optimization"]["parameter_alignment"] = True
-    if dtype in ("bf16", "bf16acc32"):
-        cfg["bf16"] = {"enabled": True}
+    cfg = real_ds_train.config(stage, "bf16" if dtype == "bf16acc32" else dtype, align)
     if dtype == "bf16acc32":
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if universal:
@@ -112,7 +59,7 @@ def engine(stage, dtype, align, opt="adamw", universal=False):
     import deepspeed
     import torch
     torch.manual_seed(0)
-    model = build_model()
+    model = real_ds_train.build_model()
     params = [p for p in model.parameters() if p.requires_grad]
     if opt == "sgd":
         optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
@@ -123,29 +70,10 @@ def engine(stage, dtype, align, opt="adamw", universal=False):
     return eng
 
 
-def batch(step):
-    """The same batch on every rank (world-size independent trajectory)."""
-    import torch
-    g = torch.Generator().manual_seed(1000 * step)
-    return torch.randint(0, 11, (2, 3), generator=g)
-
-
 def train(eng, first, n):
-    losses, lrs = [], []
-    for step in range(first, first + n):
-        loss = eng(batch(step))
-        eng.backward(loss)
-        eng.step()
-        losses.append(float(loss.item()).hex())
-        lrs.append(float(eng.get_lr()[0]).hex())
-    return losses, lrs
-
-
-def gather(obj):
-    import deepspeed.comm as dist
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    """real_ds_train's steps with rank 0's batches on every rank: the run does not depend on the
+    world size."""
+    return real_ds_train.train(eng, first, n, 0)
 
 
 def opt_step_values(eng):

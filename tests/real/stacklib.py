@@ -2,6 +2,7 @@
 libraries). Fixtures are written at test time by the library under test; results are loaded back
 by that same library."""
 import json
+import hashlib
 import os
 import shutil
 import subprocess
@@ -78,6 +79,30 @@ def as_bytes(t):
 
 
 CACHE = os.environ.get("CKPT_FIXTURE_CACHE") or os.path.join(ROOT, ".cache", "real-fixtures")
+
+
+def module_script(path, *also):
+    """The `python -c` text that runs the module at `path` as a fixture script: it imports the
+    module (torch.multiprocessing pickles the worker by reference) and runs its main(argv). The
+    SHA-256 of the module (and of the modules `also` names, which it imports) is in the text, so
+    fixture()'s cache follows edits of them."""
+    h = hashlib.sha256()
+    for f in (path, *also):
+        with open(os.path.abspath(f), "rb") as fh:
+            h.update(fh.read())
+    name = os.path.splitext(os.path.basename(path))[0]
+    here = os.path.dirname(os.path.abspath(path))
+    return (f"# {name}.py {h.hexdigest()}\n"
+            f"import sys\nsys.path.insert(0, {here!r})\n"
+            f"import {name}\n{name}.main(sys.argv[1:])\n")
+
+
+def free_port():
+    """A TCP port free on this machine now (a process group's rendezvous)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def fixture(name, script, *args, into):

@@ -27,19 +27,13 @@ import real_ds_train  # noqa: E402
 import real_hf_train  # noqa: E402,F401 (sets HF_HUB_OFFLINE before transformers is imported)
 import torch  # noqa: E402
 
-from real_common import read_source  # noqa: E402
+from real_common import fixture_script  # noqa: E402
 from stacklib import TempDirTest, fixture, run  # noqa: E402
 
 # The same scripts and arguments as test_hf_trainer, test_lightning, test_deepspeed_real and
 # test_dcp_real: the fixture cache serves them all.
-HF = read_source("real_hf_train.py") + """
-import sys
-make_fixture(sys.argv[1])
-"""
-LIGHTNING = read_source("real_lit_train.py") + """
-import sys
-make_fixture(sys.argv[1])
-"""
+HF = fixture_script("real_hf_train.py")
+LIGHTNING = fixture_script("real_lit_train.py")
 
 
 CHECKPOINT_FILES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp")

@@ -19,21 +19,12 @@ import real_ds_train  # noqa: E402
 import real_hf_train  # noqa: E402,F401 (sets HF_HUB_OFFLINE before transformers is imported)
 import torch  # noqa: E402
 
-from real_common import read_source  # noqa: E402
+from real_common import fixture_script  # noqa: E402
 from stacklib import TempDirTest, fixture, run  # noqa: E402
 
-HF = read_source("real_hf_train.py") + """
-import sys
-make_fixture(sys.argv[1])
-"""
-LIGHTNING = read_source("real_lit_train.py") + """
-import sys
-make_fixture(sys.argv[1])
-"""
-TORCH2 = read_source("real_torch_train.py") + """
-import sys
-make_fixture(sys.argv[1], 4097, 6)
-"""
+HF = fixture_script("real_hf_train.py")
+LIGHTNING = fixture_script("real_lit_train.py")
+TORCH2 = fixture_script("real_torch_train.py", 4097, 6)
 
 # Debian's torch 1.13: model and optimizer states in the zip format and the legacy one.
 TORCH113 = r"""

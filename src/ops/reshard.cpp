@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <stdio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -96,6 +97,19 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
           .lexically_normal();
   if (dest.filename().empty()) dest = dest.parent_path();
   r.output = o.output.empty() ? z.folder + "_universal" : o.output;
+  {
+    // The output may not be the checkpoint, lie in it, or hold it: --force would swap the
+    // checkpoint itself out and delete it.
+    const fs::path source = fs::weakly_canonical(fs::absolute(z.folder));
+    const fs::path out = fs::weakly_canonical(dest);
+    auto within = [](const fs::path& a, const fs::path& b) {  // a is b or below it
+      auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+      return ib == b.end();
+    };
+    if (within(out, source) || within(source, out))
+      Fail("{}: the output would be, or hold, the checkpoint {} itself; choose another -o",
+           r.output, z.folder);
+  }
   const fs::path latest = dest.parent_path() / "latest_universal";
   r.latest_universal = (fs::path(r.output).parent_path() / "latest_universal").string();
   deepspeed::ZeroOptimizerState os = deepspeed::ConsolidateOptimizerState(z);

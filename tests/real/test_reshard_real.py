@@ -215,6 +215,13 @@ class ReshardRealTest(TempDirTest):
         r = run("reshard", root, "--to", "universal", expect=1)
         self.assertIn("exists", r.stderr)
         run("reshard", root, "--to", "universal", "--force")
+        # --force never swaps out the checkpoint itself, nor a folder holding it.
+        before = {f: open(os.path.join(root, f), "rb").read() for f in files_under(root)}
+        for out in (os.path.join(root, TAG), root, os.path.join(root, TAG, "u")):
+            r = run("reshard", root, "--to", "universal", "-o", out, "--force", expect=1)
+            self.assertIn("the checkpoint", r.stderr)
+        self.assertEqual({f: open(os.path.join(root, f), "rb").read() for f in files_under(root)},
+                         before)
         damaged = self.path("damaged")
         shutil.copytree(os.path.join(trained("s1_fp32", self.path("fx2")), "ckpt"), damaged)
         rank1 = next(os.path.join(damaged, TAG, n) for n in os.listdir(os.path.join(damaged, TAG))

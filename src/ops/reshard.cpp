@@ -171,14 +171,16 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
             rank0, (fs::path(tmp.path) / fmt::format("step-{}.pt", gi)).string(),
             [step](Graph& g) { g.root = step; }, 1);
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       if (!team.decide) throw;
-      prepared_error = e.what();
+      prepared_error = e.what();  // every rank stops at the decision below
     }
   }
   if (team.decide) {
-    nlohmann::json d = nlohmann::json::parse(
-        team.decide(nlohmann::json{{"folder", tmp.path}, {"error", prepared_error}}.dump()));
+    std::string decided =
+        team.decide(nlohmann::json{{"folder", tmp.path}, {"error", prepared_error}}.dump());
+    if (decided.empty()) Fail("rank 0 stopped before the universal checkpoint was laid out");
+    nlohmann::json d = nlohmann::json::parse(decided);
     if (!d["error"].get<std::string>().empty()) Fail("{}", d["error"].get<std::string>());
     if (!root) tmp.path = d["folder"].get<std::string>(), tmp.keep = true;  // rank 0's
   }
@@ -238,9 +240,9 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
         ++files;
       }
     });
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     if (!team.confirm) throw;
-    write_error = e.what();
+    write_error = e.what();  // rank 0 hears of it at the confirmation below
   }
   if (team.confirm) {
     std::string first = team.confirm(write_error);

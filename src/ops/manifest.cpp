@@ -224,6 +224,11 @@ void AfterReplace(const std::string& file) {
       }
       if (!named) {
         if (fs::path(manifest).filename().string() != kManifestName) continue;
+        // A file of a folder being built (a temp folder renamed into place later: reshard,
+        // strip of a DCP folder, sharded export) is not recorded under its temp name.
+        bool in_temp = false;
+        for (const fs::path& part : fs::path(name)) in_temp |= IsTempFileName(part.string());
+        if (in_temp) continue;
         Json& list = j["resources"];
         Json entry = {{"name", name},
                       {"algorithm", "sha256"},
@@ -299,6 +304,16 @@ void AfterRemove(const std::string& file) {
 }
 
 }  // namespace
+
+void RecordFolderWritten(const std::string& folder) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  for (fs::recursive_directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) files.push_back(it->path().string());
+  }
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) AfterReplace(f);
+}
 
 bool IsManifestName(const std::string& name) {
   return name == kManifestName || name.ends_with(kManifestSuffix);

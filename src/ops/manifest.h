@@ -61,6 +61,10 @@ ManifestResult WriteManifest(const std::string& path, const ManifestOptions& o);
 std::vector<torch::Problem> CheckManifest(const std::string& path, unsigned threads,
                                           uint64_t* bytes = nullptr, bool digests = true);
 
+// A folder a command built elsewhere and renamed into place (reshard's output): its files go
+// into the folder manifests above it, as AtomicOutput's hooks record a file written in place.
+void RecordFolderWritten(const std::string& folder);
+
 // Does a manifest exist for `path`?
 bool HasManifest(const std::string& path);
 

@@ -23,6 +23,7 @@
 #include "io/text_file.h"
 #include "ops/integrity.h"
 #include "ops/logical_export.h"
+#include "ops/manifest.h"
 #include "ops/strip.h"
 #include "ops/torch_output.h"
 
@@ -285,6 +286,7 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
   created.Keep();
   LogCommitForTests(dest.string());
   SyncFolder(dest.parent_path().string());
+  RecordFolderWritten(dest.string());  // into a manifest of a folder holding it, if any
   const std::string name = dest.filename().string();
   AtomicOutput marker = AtomicOutput::Create(latest.string(), name.size());
   marker.Write(0, AsBytes(name));

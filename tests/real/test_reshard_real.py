@@ -188,6 +188,21 @@ class ReshardRealTest(TempDirTest):
                         if not k.startswith("buffer:"):
                             assert_same(self, state[k], saved[k], k)
 
+    def test_a_manifest_of_the_root_stays_true(self):
+        """The universal checkpoint lands in a folder with a manifest: its files are recorded
+        (not reported as added, nor recorded under the temp folder's name)."""
+        src = trained("s2_sgd", self.path("fx-m"))
+        root = self.path("m", "ckpt")
+        shutil.copytree(os.path.join(src, "ckpt"), root)
+        run("manifest", root)
+        run("reshard", root, "--to", "universal")
+        self.assertIn("matches", run("verify", root).stdout)
+        with open(os.path.join(root, "ckptool-manifest.json")) as f:
+            names = [r["name"] for r in json.load(f)["resources"]]
+        self.assertIn(f"{TAG}_universal/zero/optimizer_state.pt", names)
+        self.assertIn("latest_universal", names)
+        self.assertFalse(any("ckptool-tmp" in n for n in names), names)
+
     def test_a_damaged_universal_checkpoint_fails_verify(self):
         _, root, ucp, _ = self.reshard("s3_fp32")
         self.assertIn("universal checkpoint", run("verify", ucp).stdout)

@@ -25,7 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from stacklib import free_port, module_script  # noqa: E402
+from stacklib import module_script, spawn_ranks  # noqa: E402
 
 
 def script():
@@ -142,20 +142,10 @@ def worker(rank, world, port, out, mode):
 
 
 def main(argv):
-    import torch.multiprocessing as mp
     out, mode, world = argv[0], argv[1], int(argv[2])
     if mode not in ("fsdp2", "plain"):
         raise SystemExit(f"unknown mode {mode}")
-    last = None
-    for _ in range(3):   # another process may take the free port first: try another one
-        try:
-            mp.spawn(worker, args=(world, free_port(), out, mode), nprocs=world)
-            return
-        except Exception as e:  # noqa: BLE001
-            if "address already in use" not in str(e).lower():
-                raise
-            last = e
-    raise last
+    spawn_ranks(worker, world, lambda port: (world, port, out, mode))
 
 
 if __name__ == "__main__":

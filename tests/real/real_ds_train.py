@@ -30,7 +30,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from stacklib import free_port, module_script  # noqa: E402
+from stacklib import module_script, spawn_ranks  # noqa: E402
 WORLD = 2
 STEPS = 3
 MORE = 3
@@ -188,7 +188,6 @@ def work(rank, out, mode, stage, dtype, align, spec):  # noqa: PLR0913
 
 
 def main(argv):
-    import torch.multiprocessing as mp
     out, mode = argv[0], argv[1]
     stage = dtype = align = spec = None
     if mode == "train":
@@ -201,20 +200,7 @@ def main(argv):
     # the venv's own tools (ninja, which DeepSpeed's CPU op builder runs) come first
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    last = None
-    for _ in range(3):
-        try:
-            mp.spawn(worker, args=(free_port(), out, mode, stage, dtype, align, spec),
-                     nprocs=WORLD)
-            return
-        except Exception as e:  # noqa: BLE001
-            # Another process took the port, or a rank was killed by a signal (gloo's threads
-            # aborting, pytorch issue 190489): run again. Any other failure is reported.
-            text = str(e).lower()
-            if "address already in use" not in text and "signal" not in text:
-                raise
-            last = e
-    raise last
+    spawn_ranks(worker, WORLD, lambda port: (port, out, mode, stage, dtype, align, spec))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import real_ds_train  # noqa: E402
 from real_ds_train import gather  # noqa: E402
-from stacklib import free_port, module_script  # noqa: E402
+from stacklib import module_script, spawn_ranks  # noqa: E402
 STEPS = 3
 MORE = 3
 
@@ -174,7 +174,6 @@ def work(rank, world, out, mode, args):
 
 
 def main(argv):
-    import torch.multiprocessing as mp
     out, mode = argv[0], argv[1]
     if mode == "train":
         stage, dtype, align, world = int(argv[2]), argv[3], int(argv[4]), int(argv[5])
@@ -189,14 +188,4 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    last = None
-    for _ in range(3):
-        try:
-            mp.spawn(worker, args=(world, free_port(), out, mode, args), nprocs=world)
-            return
-        except Exception as e:  # noqa: BLE001
-            text = str(e).lower()
-            if "address already in use" not in text and "signal" not in text:
-                raise
-            last = e
-    raise last
+    spawn_ranks(worker, world, lambda port: (world, port, out, mode, args))

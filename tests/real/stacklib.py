@@ -105,6 +105,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+def spawn_ranks(worker, nprocs, make_args):
+    """torch.multiprocessing.spawn(worker, args=make_args(port), nprocs=nprocs) on a free port,
+    started again (up to 3 times) when another process took the port first or a rank was killed
+    by a signal (gloo's threads aborting, pytorch issue 190489). Any other failure is raised."""
+    import torch.multiprocessing as mp
+    last = None
+    for _ in range(3):
+        try:
+            mp.spawn(worker, args=make_args(free_port()), nprocs=nprocs)
+            return
+        except Exception as e:  # noqa: BLE001
+            text = str(e).lower()
+            if "address already in use" not in text and "signal" not in text:
+                raise
+            last = e
+    raise last
+
+
 def fixture(name, script, *args, into):
     """Copies into `into` (a folder, created) what `script` writes when run as
     `python -c script OUT *args` with OUT an empty folder. The script runs once per distinct

@@ -37,19 +37,15 @@ using pickle::NodeId;
 
 namespace {
 
-NodeId Lookup(const Graph& g, NodeId node, std::string_view key) {
-  return g.ValueAt(node, key);
-}
-
 // optimizer_state.pt: rank 0's optimizer_state_dict without what is partitioned (stages 1/2:
 // base_optimizer_state, param_slice_mappings, single_partition_of_fp32_groups; stage 3 keeps
 // everything), and `param_groups` (stages 1/2: base_optimizer_state's; stage 3: the inner
 // optimizer_state_dict's, the same object), as ds_to_universal's _save_optimizer_state does.
 void OptimizerStateRoot(Graph& g, int stage) {
-  NodeId osd = Lookup(g, g.root, "optimizer_state_dict");
+  NodeId osd = g.ValueAt(g.root, "optimizer_state_dict");
   if (osd == kNil || !g.has_compound(osd)) Fail("no optimizer_state_dict");
-  NodeId inner = Lookup(g, osd, stage <= 2 ? "base_optimizer_state" : "optimizer_state_dict");
-  NodeId groups = Lookup(g, inner, "param_groups");
+  NodeId inner = g.ValueAt(osd, stage <= 2 ? "base_optimizer_state" : "optimizer_state_dict");
+  NodeId groups = g.ValueAt(inner, "param_groups");
   if (groups == kNil) Fail("no param_groups in the optimizer state");
   std::vector<NodeId> kept;
   std::span<const NodeId> pairs = g.pairs(osd);
@@ -74,12 +70,6 @@ void CheckParameterName(const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos || name.size() > 255)
     Fail("parameter name '{}' cannot be a folder name in zero/", name);
-}
-
-uint64_t FileBytes(const std::string& path) {
-  std::error_code ec;
-  uint64_t n = fs::file_size(path, ec);
-  return ec ? 0 : n;
 }
 
 }  // namespace
@@ -260,7 +250,7 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
   r.parameters = os.params.size();
   for (const auto& e : fs::recursive_directory_iterator(tmp.path)) {
     if (e.is_regular_file()) {
-      r.bytes += FileBytes(e.path().string());
+      r.bytes += e.file_size();
       ++r.files;
     }
   }

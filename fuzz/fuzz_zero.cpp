@@ -2,7 +2,9 @@
 // given in one input as records [u8 role: even = model states, odd = optimizer][u32 LE
 // length][bytes of a torch file]. Besides not crashing, every tensor it maps must be made of
 // pieces that add up to its elements and lie inside their file; so must every parameter's
-// optimizer state (ConsolidateOptimizerState, what reshard writes).
+// optimizer state (ConsolidateOptimizerState, what reshard writes), and every tensor of the rank
+// files planned for 1 and 3 ranks (PlanRankFiles, what reshard --to zero writes), each a
+// tensor node of its file's graph.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include "base/endian.h"
 #include "base/error.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "deepspeed/zero_rank_plan.h"
 #include "torch/torch_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -32,7 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const std::vector<Bytes>* group : {&models, &optims}) {
       for (Bytes b : *group) {
         auto f = std::make_unique<CheckpointFile>();
-        f->path = "rank file";
+        // Named like rank 0's files: reshard --to zero names the files it plans after them.
+        f->path = group == &models ? "zero_pp_rank_0_mp_rank_00_model_states.pt"
+                                   : "zero_pp_rank_0_mp_rank_00_optim_states.pt";
         std::optional<Format> format = DetectFormat(b);
         if (!format || *format == Format::kSafetensors) return 0;
         f->torch =
@@ -81,6 +86,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
       if (count != z.tensors[p.tensor].numel) std::abort();
+    }
+  }
+  for (int world : {1, 3}) {
+    try {
+      deepspeed::CheckRepartition(z, os, world);
+      for (int rank : {0, world - 1}) {
+        for (const deepspeed::PlannedRankFile& plan :
+             deepspeed::PlanRankFiles(z, os, world, rank)) {
+          for (const auto& [node, t] : plan.tensors) {
+            if (node >= plan.graph.nodes.size() || plan.graph.kind(node) != pickle::Kind::kObject) {
+              std::abort();  // not a call node to make the tensor of
+            }
+            uint64_t count = 0;
+            for (const deepspeed::Piece& piece : t.pieces) {
+              count += piece.count;
+              if (piece.file == deepspeed::Piece::kZeros) continue;
+              uint64_t bytes = piece.count * torch::ElementSize(t.stored);
+              if (piece.file >= inputs.size() || piece.offset > inputs[piece.file].size() ||
+                  bytes > inputs[piece.file].size() - piece.offset) {
+                std::abort();
+              }
+            }
+            if (count != t.numel) std::abort();
+          }
+        }
+      }
+    } catch (const Error&) {
+      continue;
     }
   }
   return 0;

@@ -220,6 +220,7 @@ def reshard(
     *paths: _Path,
     progress: Optional[ProgressCallback] = ...,
     to: Optional[Union[str, os.PathLike[str]]] = ...,
+    world_size: Optional[int] = ...,
     output: Optional[Union[str, os.PathLike[str]]] = ...,
     tag: Optional[Union[str, os.PathLike[str]]] = ...,
     threads: Optional[int] = ...,

@@ -30,7 +30,8 @@ constexpr CommandInfo kCommands[] = {
      AddLatest, false, true},
     {"manifest", "Write a manifest of a checkpoint: SHA-256 of every file, digest of every tensor",
      AddManifest, false, false},
-    {"reshard", "Rewrite a DeepSpeed ZeRO checkpoint as a universal checkpoint (any world size)",
+    {"reshard",
+     "Rewrite a DeepSpeed ZeRO checkpoint for another world size (universal, or M ranks' files)",
      AddReshard, true, false},
 };
 

@@ -43,8 +43,10 @@
 
 namespace ckpt::deepspeed {
 
-// `count` elements of a rank file's tensor data starting at byte `offset` of file `file`.
+// `count` elements of a rank file's tensor data starting at byte `offset` of file `file`, or
+// (file kZeros) `count` zero elements: a padding of a layout being planned.
 struct Piece {
+  static constexpr size_t kZeros = SIZE_MAX;
   size_t file = 0;
   uint64_t offset = 0;
   uint64_t count = 0;

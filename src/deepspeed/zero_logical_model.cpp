@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <set>
 #include <vector>
@@ -30,6 +31,16 @@ LogicalTensor ZeroLogicalTensor(const ZeroCheckpoint& z, const ZeroTensor& t) {
       if (k >= t.pieces.size()) Fail("internal: tensor '{}' has too few pieces", t.name);
       const Piece& p = t.pieces[k];
       uint64_t lo = pos - (*starts)[k], hi = std::min(p.count, end - (*starts)[k]);
+      if (p.file == Piece::kZeros) {
+        static constexpr std::array<uint8_t, 1 << 16> kZeroBytes{};
+        for (uint64_t left = (hi - lo) * size; left;) {
+          uint64_t n = std::min<uint64_t>(left, kZeroBytes.size());
+          sink(Bytes(kZeroBytes.data(), n));
+          left -= n;
+        }
+        pos = (*starts)[k] + hi;
+        continue;
+      }
       StreamRange(z.files[p.file]->map, p.offset + lo * size, (hi - lo) * size,
                   [&sink](uint64_t, Bytes b) { sink(b); });
       pos = (*starts)[k] + hi;

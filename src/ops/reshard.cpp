@@ -1,16 +1,11 @@
 #include "ops/reshard.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <stdio.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "cluster/partition.h"
@@ -19,11 +14,9 @@
 #include "io/file_copy.h"
 #include "io/folders.h"
 #include "io/parallel.h"
-#include "io/temp_files.h"
 #include "io/text_file.h"
-#include "ops/integrity.h"
 #include "ops/logical_export.h"
-#include "ops/manifest.h"
+#include "ops/reshard_folder.h"
 #include "ops/strip.h"
 #include "ops/torch_output.h"
 
@@ -80,27 +73,13 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
   ReshardResult r;
   deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(checkpoint, o.tag);
   if (z.universal) Fail("{}: a universal checkpoint already", z.folder);
+  reshard::RefuseFindings(z.findings);
   r.source = z.folder;
   r.stage = z.stage;
   r.world_size = z.world_size;
-  fs::path dest =
-      fs::absolute(o.output.empty() ? fs::path(z.folder + "_universal") : fs::path(o.output))
-          .lexically_normal();
-  if (dest.filename().empty()) dest = dest.parent_path();
+  const fs::path dest = reshard::Destination(o.output, z.folder + "_universal");
   r.output = o.output.empty() ? z.folder + "_universal" : o.output;
-  {
-    // The output may not be the checkpoint, lie in it, or hold it: --force would swap the
-    // checkpoint itself out and delete it.
-    const fs::path source = fs::weakly_canonical(fs::absolute(z.folder));
-    const fs::path out = fs::weakly_canonical(dest);
-    auto within = [](const fs::path& a, const fs::path& b) {  // a is b or below it
-      auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
-      return ib == b.end();
-    };
-    if (within(out, source) || within(source, out))
-      Fail("{}: the output would be, or hold, the checkpoint {} itself; choose another -o",
-           r.output, z.folder);
-  }
+  reshard::RefuseOverlap(dest, {z.folder}, r.output);
   const fs::path latest = dest.parent_path() / "latest_universal";
   r.latest_universal = (fs::path(r.output).parent_path() / "latest_universal").string();
   deepspeed::ZeroOptimizerState os = deepspeed::ConsolidateOptimizerState(z);
@@ -127,24 +106,18 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
   // Rank 0 checks the destination and the input, and lays out the folder: the model states
   // files, optimizer_state.pt, each group's step (stages 1/2) once.
   std::error_code ec;
-  const bool replace = fs::exists(dest, ec);
-  CreatedFolders created;
-  TempFolder tmp;
+  reshard::OutputFolder output(dest, r.output);
+  TempFolder& tmp = output.tmp;
   std::string prepared_error;
   if (root) {
     try {
-      if (replace && !o.force) Fail("{}: exists (use --force to write it again)", r.output);
-      if (replace && !fs::is_directory(dest, ec)) Fail("{}: exists and is not a folder", r.output);
+      output.CheckDestination(o.force);
       if (fs::exists(latest, ec) && !o.force &&
           ReadMarkerFile(latest.string()) != dest.filename().string()) {
         Fail("{}: exists and names '{}' (use --force to point it at {})", latest.string(),
              ReadMarkerFile(latest.string()), dest.filename().string());
       }
-      // Only verified bytes go into the new files (their CRCs would vouch for them).
-      RefuseDamaged(z.folder, o.threads, "nothing written");
-      created.Create(dest.parent_path().string(), r.output);
-      tmp = TempFolder(TempPathFor(dest.string()));
-      fs::create_directory(tmp.path);
+      output.Create(z.folder, o.threads);
       fs::create_directory(fs::path(tmp.path) / "zero");
       size_t copies = z.stage <= 2 ? 1 : z.model_files;
       for (size_t i = 0; i < copies; ++i) {
@@ -164,17 +137,10 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
       }
     } catch (const std::exception& e) {
       if (!team.decide) throw;
-      prepared_error = e.what();  // every rank stops at the decision below
+      prepared_error = e.what();  // every rank stops at ShareFolder
     }
   }
-  if (team.decide) {
-    std::string decided =
-        team.decide(nlohmann::json{{"folder", tmp.path}, {"error", prepared_error}}.dump());
-    if (decided.empty()) Fail("rank 0 stopped before the universal checkpoint was laid out");
-    nlohmann::json d = nlohmann::json::parse(decided);
-    if (!d["error"].get<std::string>().empty()) Fail("{}", d["error"].get<std::string>());
-    if (!root) tmp.path = d["folder"].get<std::string>(), tmp.keep = true;  // rank 0's
-  }
+  reshard::ShareFolder(team, tmp, prepared_error);
   const fs::path zero = fs::path(tmp.path) / "zero";
   std::vector<std::string> step_bytes(os.steps.size());
   for (size_t gi = 0; z.stage <= 2 && gi < os.steps.size(); ++gi) {
@@ -233,50 +199,21 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
     });
   } catch (const std::exception& e) {
     if (!team.confirm) throw;
-    write_error = e.what();  // rank 0 hears of it at the confirmation below
+    write_error = e.what();  // rank 0 hears of it at ConfirmShares
   }
-  if (team.confirm) {
-    std::string first = team.confirm(write_error);
-    if (!write_error.empty()) Fail("{}", write_error);
-    if (!root) {
-      r.parameters = mine.size();
-      r.files = files;
-      return r;  // rank 0 puts the folder into place
-    }
-    if (!first.empty()) Fail("{}", first);
+  if (!reshard::ConfirmShares(team, write_error)) {
+    r.parameters = mine.size();
+    r.files = files;
+    return r;
   }
   for (size_t gi = 0; gi < os.steps.size(); ++gi)
     fs::remove(fs::path(tmp.path) / fmt::format("step-{}.pt", gi), ec);
   r.parameters = os.params.size();
-  for (const auto& e : fs::recursive_directory_iterator(tmp.path)) {
-    if (e.is_regular_file()) {
-      r.bytes += e.file_size();
-      ++r.files;
-    }
-  }
-  for (const auto& e : fs::directory_iterator(zero)) {
-    if (e.is_directory()) SyncFolder(e.path().string());
-  }
-  SyncFolder(zero.string());
-  SyncFolder(tmp.path);
-
-  // Into place: a new folder renamed, an old one (--force) swapped out and removed.
-  for (const MappedFile* in : inputs) {
-    if (in->stamp().ChangedOnDisk())
-      Fail("{}: the file changed while it was being read; nothing was written", in->path());
-  }
-  if (replace) {
-    if (::renameat2(AT_FDCWD, tmp.path.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0)
-      Fail("{}: cannot swap in the new folder: {} (nothing was replaced)", r.output,
-           std::strerror(errno));
-  } else {
-    fs::rename(tmp.path, dest);
-    tmp.keep = true;
-  }
-  created.Keep();
-  LogCommitForTests(dest.string());
-  SyncFolder(dest.parent_path().string());
-  RecordFolderWritten(dest.string());  // into a manifest of a folder holding it, if any
+  const reshard::TreeTotals totals = reshard::SyncTree(tmp.path);
+  r.files = totals.files;
+  r.bytes = totals.bytes;
+  reshard::InstallFolder(tmp, dest, output.replace, inputs, r.output);
+  output.created.Keep();
   const std::string name = dest.filename().string();
   AtomicOutput marker = AtomicOutput::Create(latest.string(), name.size());
   marker.Write(0, AsBytes(name));

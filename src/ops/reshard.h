@@ -38,19 +38,25 @@ struct ReshardTeam {
 };
 
 struct ReshardOptions {
-  std::string output;  // the universal checkpoint's folder; empty: <root>/<tag>_universal
-  std::string tag;     // the tag folder under a root; empty: what `latest` names
+  // universal: the universal checkpoint's folder; empty: <root>/<tag>_universal.
+  // zero: the DeepSpeed root to write (<tag>/ and `latest`); empty: the source root's name
+  // with "-<M>ranks" before its extension, beside it.
+  std::string output;
+  std::string tag;  // the tag folder under a root; empty: what `latest` names
   unsigned threads = 1;
-  bool force = false;  // replace an existing output and latest_universal
+  bool force = false;  // replace an existing output (and latest_universal)
+  int world_size = 0;  // zero: the number of ranks to write rank files for
   ReshardTeam team;
 };
 
 struct ReshardResult {
   std::string source;  // the tag folder read
   std::string output;
-  std::string latest_universal;  // the file written beside the output
+  std::string latest_universal;  // universal: the file written beside the output
+  std::string tag;               // zero: the tag folder written (and `latest` names)
   int stage = 0;
-  int world_size = 0;
+  int world_size = 0;     // of the run that saved the checkpoint
+  int to_world_size = 0;  // zero: of the rank files written
   uint64_t parameters = 0;
   std::vector<std::string> keys;  // per-element optimizer state keys
   uint64_t files = 0;
@@ -58,5 +64,20 @@ struct ReshardResult {
 };
 
 ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOptions& options);
+
+// `ckptool reshard CKPT --to zero --world-size M` (reshard_zero.cpp): the checkpoint's rank files
+// for M ranks, as DeepSpeed writes them when M ranks save (deepspeed/zero_rank_plan.h), so that
+// `load_checkpoint` on M ranks (Lightning's DeepSpeedStrategy too) resumes it without a
+// universal checkpoint:
+//
+//   OUT/latest                                           the tag
+//   OUT/<tag>/mp_rank_00_model_states.pt                 stages 1/2: dp_world_size M
+//   OUT/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt   stage 3, r < M
+//   OUT/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt  r < M
+//   OUT/*.py                                             the source root's recovery scripts
+//
+// Rank files are written side by side (and spread over an MPI team), each gathered from the
+// source's pieces straight into its file; the folder is built beside OUT and renamed into place.
+ReshardResult ReshardToZero(const std::string& checkpoint, const ReshardOptions& options);
 
 }  // namespace ckpt

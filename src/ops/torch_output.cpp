@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -50,34 +53,66 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
   return stride;
 }
 
+// Makes nodes the calls torch.save pickles for contiguous tensors, each with a storage of
+// its own (the record `key`); the globals and strings they share are added once.
+class TensorCalls {
+ public:
+  explicit TensorCalls(Graph& g)
+      : g_(g),
+        odict_(g.AddGlobal("collections", "OrderedDict")),
+        rebuild_(g.AddGlobal("torch._utils", "_rebuild_tensor_v2")),
+        storage_tag_(g.AddText(Kind::kStr, "storage")),
+        cpu_(g.AddText(Kind::kStr, "cpu")) {}
+
+  NodeId odict() const { return odict_; }
+
+  // `node` (a call node: a new one, or a tensor's rebuild call being replaced) becomes the
+  // tensor `t` whose storage is record `key`.
+  void Make(NodeId node, const TensorSource& t, size_t key) {
+    const torch::DTypeInfo& info = torch::Info(t.dtype);
+    if (info.storage_class.empty())
+      Fail("tensor '{}': torch has no storage class for {}", t.name, info.name);
+    auto [cls, fresh] = classes_.emplace(t.dtype, pickle::kNil);
+    if (fresh) cls->second = g_.AddGlobal("torch", info.storage_class);
+    uint64_t numel = t.size / info.element_size;
+    NodeId pid =
+        g_.AddTuple({storage_tag_, cls->second, g_.AddText(Kind::kStr, std::to_string(key)), cpu_,
+                     g_.AddInt(static_cast<int64_t>(numel))});
+    NodeId args = g_.AddTuple({g_.AddPersId(pid), g_.AddInt(0), IntTuple(g_, t.shape),
+                               IntTuple(g_, ContiguousStrides(t.shape)), g_.AddBool(false),
+                               Call(g_, odict_, g_.AddTuple({}))});
+    if (g_.kind(node) != Kind::kObject)
+      Fail("internal: tensor '{}' has no call node to become", t.name);
+    if (!g_.items(node).empty()) g_.SetItems(node, {});
+    if (!g_.pairs(node).empty()) g_.SetPairs(node, {});
+    if (!g_.states(node).empty()) g_.SetStates(node, {});
+    pickle::Compound& c = g_.mutable_compound(node);
+    c.callable = rebuild_;
+    c.args = args;
+    c.kwargs = pickle::kNil;
+    c.construct = pickle::Construct::kReduce;
+  }
+
+ private:
+  Graph& g_;
+  NodeId odict_, rebuild_, storage_tag_, cpu_;
+  std::unordered_map<torch::DType, NodeId> classes_;
+};
+
 // The pickle torch.save writes for OrderedDict(name -> tensor): storages keyed "0", "1"...
 // in the order of the tensors.
 std::string StateDictPickle(const std::vector<TensorSource>& tensors,
                             const std::map<std::string, std::string>& aliases,
                             TorchOutputOptions::Root shape) {
   Graph g;
-  NodeId odict = g.AddGlobal("collections", "OrderedDict");
-  NodeId rebuild = g.AddGlobal("torch._utils", "_rebuild_tensor_v2");
-  NodeId root = Call(g, odict, g.AddTuple({}));
-  NodeId storage_tag = g.AddText(Kind::kStr, "storage");
-  NodeId cpu = g.AddText(Kind::kStr, "cpu");
+  TensorCalls calls(g);
+  NodeId root = Call(g, calls.odict(), g.AddTuple({}));
   std::unordered_map<std::string_view, NodeId> by_name;
-  std::unordered_map<torch::DType, NodeId> classes;
   std::vector<NodeId> pairs;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSource& t = tensors[i];
-    const torch::DTypeInfo& info = torch::Info(t.dtype);
-    if (info.storage_class.empty())
-      Fail("tensor '{}': torch has no storage class for {}", t.name, info.name);
-    auto [cls, fresh] = classes.emplace(t.dtype, pickle::kNil);
-    if (fresh) cls->second = g.AddGlobal("torch", info.storage_class);
-    uint64_t numel = t.size / info.element_size;
-    NodeId pid = g.AddTuple({storage_tag, cls->second, g.AddText(Kind::kStr, std::to_string(i)),
-                             cpu, g.AddInt(static_cast<int64_t>(numel))});
-    NodeId args = g.AddTuple({g.AddPersId(pid), g.AddInt(0), IntTuple(g, t.shape),
-                              IntTuple(g, ContiguousStrides(t.shape)), g.AddBool(false),
-                              Call(g, odict, g.AddTuple({}))});
-    NodeId tensor = Call(g, rebuild, args);
+    NodeId tensor = g.AddCompound(Kind::kObject);
+    calls.Make(tensor, t, i);
     by_name.emplace(t.name, tensor);
     pairs.push_back(g.AddText(Kind::kStr, t.name));
     pairs.push_back(tensor);
@@ -108,17 +143,17 @@ std::string StateDictPickle(const std::vector<TensorSource>& tensors,
   return pickle::Write(g, root, options);
 }
 
-}  // namespace
-
-uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
-                         const std::map<std::string, std::string>& aliases,
-                         const TorchOutputOptions& o) {
-  RequireDistinctNames(tensors, aliases);
+// Writes `pickle` and one record per tensor (record i holds tensors[i]) as a torch file at
+// `path`, reads it back and checks it; `names` (when set) checks the names tensor i is read
+// back under.
+uint64_t WriteTorchFile(
+    const std::string& path, const std::string& pickle, const std::vector<TensorSource>& tensors,
+    const TorchOutputOptions& o,
+    const std::function<void(const TensorSource&, const torch::Tensor&)>& names) {
   // torch.save names the top folder after the file (PyTorchStreamWriter: the basename
   // without its extension).
   std::string prefix = fs::path(path).stem().string();
   if (prefix.empty() || prefix.find('/') != std::string::npos) prefix = "archive";
-  const std::string pickle = StateDictPickle(tensors, aliases, o.root);
   std::vector<std::pair<std::string, std::string>> small_before = {{"data.pkl", pickle},
                                                                    {"byteorder", "little"}};
   std::vector<zip::RecordSpec> specs;
@@ -174,24 +209,20 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
     if (!m.problems.empty()) Fail("{}: {}", m.problems[0].where, m.problems[0].what);
     if (m.tensors.size() != tensors.size())
       Fail("{} tensors read back, {} written", m.tensors.size(), tensors.size());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const torch::Tensor& y = m.tensors[i];
+    std::vector<bool> seen(tensors.size(), false);
+    for (const torch::Tensor& y : m.tensors) {
+      size_t i = tensors.size();
+      if (y.storage >= 0) {
+        const std::string& key = m.storages[y.storage].key;
+        auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), i);
+        if (ec != std::errc() || end != key.data() + key.size()) i = tensors.size();
+      }
+      if (i >= tensors.size() || seen[i]) Fail("a tensor is read back from no record written");
+      seen[i] = true;
       const TensorSource& x = tensors[i];
-      std::vector<std::string> expected = {x.name};
-      for (const auto& [alias, kept] : aliases) {
-        if (kept == x.name) expected.push_back(alias);
-      }
-      std::vector<std::string> got = y.names.strings();
-      std::sort(expected.begin(), expected.end());
-      std::sort(got.begin(), got.end());
-      if (o.root == TorchOutputOptions::Root::kStateDict && got != expected) {
-        Fail("tensor '{}' is read back as {}", x.name, got.empty() ? "nothing" : got.front());
-      }
-      if (y.dtype != x.dtype || y.shape != x.shape || y.storage < 0 ||
-          m.storages[y.storage].key != std::to_string(i) ||
-          m.storages[y.storage].nbytes != x.size) {
+      if (names) names(x, y);
+      if (y.dtype != x.dtype || y.shape != x.shape || m.storages[y.storage].nbytes != x.size)
         Fail("tensor '{}' is not what was planned", x.name);
-      }
     }
     // A tensor record read back as it was written needs only to be where it was written (the
     // reader refuses records that share bytes, so no other write landed in it); the other
@@ -216,6 +247,50 @@ uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tens
   });
   out.Commit();
   return bytes;
+}
+
+}  // namespace
+
+uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
+                         const std::map<std::string, std::string>& aliases,
+                         const TorchOutputOptions& o) {
+  RequireDistinctNames(tensors, aliases);
+  const std::string pickle = StateDictPickle(tensors, aliases, o.root);
+  auto names = [&](const TensorSource& x, const torch::Tensor& y) {
+    if (o.root != TorchOutputOptions::Root::kStateDict) return;
+    std::vector<std::string> expected = {x.name};
+    for (const auto& [alias, kept] : aliases) {
+      if (kept == x.name) expected.push_back(alias);
+    }
+    std::vector<std::string> got = y.names.strings();
+    std::sort(expected.begin(), expected.end());
+    std::sort(got.begin(), got.end());
+    if (got != expected)
+      Fail("tensor '{}' is read back as {}", x.name, got.empty() ? "nothing" : got.front());
+  };
+  return WriteTorchFile(path, pickle, tensors, o, names);
+}
+
+uint64_t WriteTorchObject(const std::string& path, pickle::Graph graph,
+                          std::vector<GraphTensor> tensors, const TorchOutputOptions& o) {
+  if (graph.root == pickle::kNil) Fail("internal: {}: no object to write", path);
+  std::vector<TensorSource> sources;
+  sources.reserve(tensors.size());
+  {
+    TensorCalls calls(graph);
+    std::unordered_set<NodeId> nodes;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!nodes.insert(tensors[i].node).second)
+        Fail("internal: {}: tensor '{}' given twice", path, tensors[i].source.name);
+      calls.Make(tensors[i].node, tensors[i].source, i);
+      sources.push_back(std::move(tensors[i].source));
+    }
+  }
+  pickle::WriteOptions options;
+  options.protocol = 2;
+  const std::string pickle = pickle::Write(graph, graph.root, options);
+  graph = {};  // only the bytes are needed from here on
+  return WriteTorchFile(path, pickle, sources, o, {});
 }
 
 }  // namespace ckpt

@@ -13,6 +13,7 @@
 
 #include "io/mapped_file.h"
 #include "ops/tensor_source.h"
+#include "pickle/graph.h"
 
 namespace ckpt {
 
@@ -31,5 +32,20 @@ struct TorchOutputOptions {
 uint64_t WriteTorchModel(const std::string& path, std::vector<TensorSource> tensors,
                          const std::map<std::string, std::string>& aliases,
                          const TorchOutputOptions& options);
+
+// A tensor of an object graph to write: the call node that becomes it (a new one, or a tensor's
+// rebuild call whose bytes are replaced) and what it holds.
+struct GraphTensor {
+  pickle::NodeId node = pickle::kNil;
+  TensorSource source;
+};
+
+// Writes the object graph `graph` (from its root) as a torch file, each of `tensors` a
+// contiguous tensor with a storage of its own (record i holds tensors[i]); read back and checked
+// like WriteTorchModel. Every tensor the graph reaches must be one of `tensors`: a rebuild call
+// left as it was would name a storage the file does not hold, and is refused at the read-back.
+// Returns the tensor bytes written.
+uint64_t WriteTorchObject(const std::string& path, pickle::Graph graph,
+                          std::vector<GraphTensor> tensors, const TorchOutputOptions& options);
 
 }  // namespace ckpt

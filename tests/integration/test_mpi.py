@@ -310,6 +310,11 @@ class MpiTest(unittest.TestCase):
                 self.assertSameRun(a, b, ["reshard", "ckpt", "--to", "universal", "-j", "1"], rc=0)
                 zero = os.path.join(b, "ckpt", "global_step14_universal", "zero")
                 self.assertGreaterEqual(len(os.listdir(zero)), 4)
+                # --to zero: every rank writes its share of the 5 ranks' files.
+                self.assertSameRun(a, b, ["reshard", "ckpt", "--to", "zero", "--world-size", "5",
+                                          "-o", "w5", "-j", "1"], rc=0)
+                self.assertEqual(sum("optim_states" in n for n in
+                                     os.listdir(os.path.join(b, "w5", "global_step14"))), 5)
 
     def test_sharded_export_and_a_failed_shard(self):
         a, b = self.copy("a"), self.copy("b")

@@ -91,6 +91,11 @@ def full_state(eng, opt):
     """Collective: every rank must call. Full fp32 master params + optimizer states."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     keys = ["momentum_buffer"] if opt == "sgd" else ["exp_avg", "exp_avg_sq"]
+    # Stages 1/2 link each parameter to its optimizer state at the first step (or a universal
+    # load): after a native load, before any step, link them as that step would.
+    link = getattr(eng.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+    if link is not None:
+        link()
     out = {}
     for name, p in eng.module.named_parameters():
         if not p.requires_grad:

@@ -207,6 +207,11 @@ class OpenAndLoad(TempDirTest):
                     self.assertTrue(torch.equal(fp32, ref[pname].float()), pname)
                 with self.assertRaises(TypeError):
                     ckptool.reshard(folder, to="universal", ouptut="x")
+                # ckptool.reshard(to="zero"): rank files for 3 ranks, which consolidate to the
+                # same weights
+                r = ckptool.reshard(folder, to="zero", world_size=3, output=self.path(name, "w3"))
+                self.assertEqual((r.report["world_size"], r.report["to_world_size"]), (2, 3))
+                assert_same_tensors(self, dict(ref), ckptool.load(self.path(name, "w3")))
 
     def test_select_picks_a_key(self):
         path = self.path("s.pt")

@@ -56,8 +56,6 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
     z.files.push_back(std::move(f));
   }
   z.model_files = z.files.size();
-  const RankFile m0 = Index(*z.files[0], 0);
-  const Graph& g0 = m0.graph();
   const bool stage3 = model_names[0].starts_with("zero_pp_rank_");
   // The stage: the optimizer state's zero_stage (BF16_Optimizer has none: stage 1), else the
   // model states files' names.
@@ -70,6 +68,36 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
   }
   if ((z.stage == 3) != stage3)
     Fail("{}: zero_stage {} but model states files named {}", z.folder, z.stage, model_names[0]);
+  const fs::path zero = fs::path(z.folder) / "zero";
+  std::vector<std::string> first_files;
+  std::string first_name;
+  ConsolidateUniversal(z, [&](const std::string& name) {
+    const fs::path folder = zero / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(folder / "fp32.pt", ec))
+      Fail("{}: missing: parameter '{}' has no zero/{}/fp32.pt", z.folder, name, name);
+    // DeepSpeed's loader takes every *.pt of a folder as a state of the parameter: every
+    // folder must hold the same ones.
+    std::vector<std::string> files = StateFiles(folder);
+    if (first_name.empty()) {
+      first_files = files;
+      first_name = name;
+    } else if (files != first_files) {
+      Fail("{}: zero/{} holds {} but zero/{} holds {}", z.folder, name, fmt::join(files, ", "),
+           first_name, fmt::join(first_files, ", "));
+    }
+    z.files.push_back(open(folder / "fp32.pt"));
+    return z.files.size() - 1;
+  });
+}
+
+}  // namespace detail
+
+void ConsolidateUniversal(ZeroCheckpoint& z, const Fp32FileOf& fp32_file) {
+  if (z.model_files == 0 || z.files.size() < z.model_files || !z.files[0]->torch)
+    Fail("{}: needs its model states files read", z.folder);
+  const RankFile m0 = Index(*z.files[0], 0);
+  const Graph& g0 = m0.graph();
   NodeId dp = Lookup(g0, m0.root(), "dp_world_size");
   z.world_size = dp != kNil && g0.kind(dp) == Kind::kInt ? static_cast<int>(g0.at(dp).integer) : 0;
   std::vector<RankFile> ranks;
@@ -81,29 +109,13 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
     ranks.push_back(Index(*z.files[i], i));
   }
   AddBuffersAndFrozen(z, ranks);
-  const fs::path zero = fs::path(z.folder) / "zero";
-  std::vector<std::string> first_files;
-  std::string first_name;
   for (const auto& group : ParamShapes(m0)) {
     for (const auto& [name, shape] : group) {
       if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
         Fail("{}: parameter name '{}' cannot be a folder of zero/", z.folder, name);
-      const fs::path folder = zero / name;
-      std::error_code ec;
-      if (!fs::is_regular_file(folder / "fp32.pt", ec))
-        Fail("{}: missing: parameter '{}' has no zero/{}/fp32.pt", z.folder, name, name);
-      // DeepSpeed's loader takes every *.pt of a folder as a state of the parameter: every
-      // folder must hold the same ones.
-      std::vector<std::string> files = StateFiles(folder);
-      if (first_name.empty()) {
-        first_files = files;
-        first_name = name;
-      } else if (files != first_files) {
-        Fail("{}: zero/{} holds {} but zero/{} holds {}", z.folder, name, fmt::join(files, ", "),
-             first_name, fmt::join(first_files, ", "));
-      }
-      z.files.push_back(open(folder / "fp32.pt"));
-      const RankFile rf = Index(*z.files.back(), z.files.size() - 1);
+      const size_t file = fp32_file(name);
+      if (file >= z.files.size()) Fail("internal: no fp32.pt file for parameter '{}'", name);
+      const RankFile rf = Index(*z.files[file], file);
       NodeId param = Lookup(rf.graph(), rf.root(), "param");
       NodeId t = param != kNil ? param : rf.root();
       RankFile::Data d = rf.TensorData(t, "zero/" + name + "/fp32.pt");
@@ -122,7 +134,5 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
   }
   AddAliases(z, m0);
 }
-
-}  // namespace detail
 
 }  // namespace ckpt::deepspeed

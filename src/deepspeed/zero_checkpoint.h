@@ -120,6 +120,14 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
 // them from memory). Fills stage, world_size, tensors and aliases.
 void Consolidate(ZeroCheckpoint& z);
 
+// The universal consolidation alone, from files already read: z.files holds z.model_files model
+// states files (the first parsed), z.stage is set; `fp32_file(name)` adds trainable parameter
+// `name`'s zero/<name>/fp32.pt to z.files (read) and returns its index, or fails. Fills
+// world_size, tensors and aliases. OpenZeroCheckpoint reads the files from the folder; the fuzz
+// target gives them from memory.
+using Fp32FileOf = std::function<size_t(const std::string& name)>;
+void ConsolidateUniversal(ZeroCheckpoint& z, const Fp32FileOf& fp32_file);
+
 // The optimizer's per-element state of every trainable parameter, consolidated as its fp32
 // weights are (what a universal checkpoint's zero/<name>/<key>.pt holds): each key the optimizer
 // keeps per group as a buffer laid out like the fp32 partition (exp_avg and exp_avg_sq for Adam,

@@ -1,6 +1,7 @@
 // `ckptool reshard CKPT --to zero --world-size M`: ops/reshard.h.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <filesystem>
@@ -34,7 +35,8 @@ std::string DefaultOutput(const fs::path& root, int world) {
 
 // One planned file written: its tensors gathered from the checkpoint's pieces.
 void WritePlanned(const deepspeed::ZeroCheckpoint& z, deepspeed::PlannedRankFile plan,
-                  const fs::path& folder, const std::vector<const MappedFile*>& inputs) {
+                  const fs::path& folder, const std::vector<const MappedFile*>& inputs,
+                  unsigned threads) {
   std::deque<LogicalTensor> logical;  // the sources read through these
   std::vector<GraphTensor> tensors;
   tensors.reserve(plan.tensors.size());
@@ -46,6 +48,7 @@ void WritePlanned(const deepspeed::ZeroCheckpoint& z, deepspeed::PlannedRankFile
   }
   TorchOutputOptions to;
   to.inputs = inputs;
+  to.threads = threads;
   WriteTorchObject((folder / plan.name).string(), std::move(plan.graph), std::move(tensors), to);
 }
 
@@ -127,11 +130,14 @@ ReshardResult ReshardToZero(const std::string& checkpoint, const ReshardOptions&
   const fs::path folder = fs::path(tmp.path) / z.tag;
   std::atomic<uint64_t> files{0};
   std::string write_error;
+  // Files side by side; the threads left over (fewer files than threads) write pieces of each.
+  const size_t side_by_side = std::max<size_t>(1, std::min<size_t>(o.threads, mine.size()));
+  const unsigned per_file = std::max(1u, static_cast<unsigned>(o.threads / side_by_side));
   try {
-    ParallelFor(mine.size(), o.threads, [&](size_t m) {
+    ParallelFor(mine.size(), static_cast<unsigned>(side_by_side), [&](size_t m) {
       for (deepspeed::PlannedRankFile& plan :
            deepspeed::PlanRankFiles(z, os, world, static_cast<int>(mine[m]))) {
-        WritePlanned(z, std::move(plan), folder, inputs);
+        WritePlanned(z, std::move(plan), folder, inputs, per_file);
         ++files;
       }
     });

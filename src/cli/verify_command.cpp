@@ -10,16 +10,9 @@
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cluster/world.h"
-#include "compress/archive.h"
-#include "dcp/dcp_checkpoint.h"
-#include "deepspeed/zero_checkpoint.h"
 #include "io/parallel.h"
-#include "ops/archive_view.h"
-#include "ops/compress.h"
-#include "ops/dcp_report.h"
+#include "jobs/verify.h"
 #include "ops/discovery.h"
-#include "ops/folder_checks.h"
-#include "ops/manifest.h"
 #include "ops/result_json.h"
 #include "ops/verify.h"
 
@@ -36,27 +29,9 @@ struct VerifyCliOptions {
   std::vector<std::string> trust;
 };
 
-// What verifying one checkpoint (a Located: ops/discovery.h) found. `failed` holds an error
-// that stopped its verification: a ckpt::Error is reported as a problem line; anything else
-// (`internal`) ends the run, as it does in a single process.
-struct Found {
-  VerifyOutcome outcome;
-  std::string failed;
-  bool internal = false;
-};
-
-void to_json(nlohmann::json& j, const Found& f) {
-  j = {{"outcome", f.outcome}, {"failed", f.failed}, {"internal", f.internal}};
-}
-void from_json(const nlohmann::json& j, Found& f) {
-  j.at("outcome").get_to(f.outcome);
-  j.at("failed").get_to(f.failed);
-  j.at("internal").get_to(f.internal);
-}
-
 int RunVerify(const VerifyCliOptions& o) {
   // Archives, files, ZeRO folders, DCP folders: the order the report lists them in.
-  std::vector<Located> items = Locate(o.paths);
+  std::vector<Located> items = jobs::VerifyTargets(o.paths);
   if (std::all_of(items.begin(), items.end(),
                   [](const Located& l) { return l.kind == Container::kZero; })) {
     PrintError("no checkpoint files found in the given paths");
@@ -70,14 +45,14 @@ int RunVerify(const VerifyCliOptions& o) {
   }
   // Each rank verifies its share one checkpoint at a time, each with every thread.
   Spread spread(keys, bytes);
-  std::vector<Found> found(items.size());
+  std::vector<jobs::CheckpointVerdict> found(items.size());
   std::vector<std::string> errors(items.size());
   size_t bad = 0, problems = 0;
   nlohmann::ordered_json doc = {{"checkpoints", nlohmann::ordered_json::array()}};
   // Rank 0 reports each checkpoint, in input order: a single process as soon as it is
   // verified, an MPI job once every rank's results are in. False: the run stops there.
   auto report = [&](size_t i) {
-    const Found& f = found[i];
+    const jobs::CheckpointVerdict& f = found[i];
     if (f.internal) {
       PrintError(f.failed);
       return false;
@@ -118,20 +93,9 @@ int RunVerify(const VerifyCliOptions& o) {
     return true;
   };
   const bool live = !cluster::Distributed();
-  const torch::Trust trust{o.trust};
+  const jobs::VerifyOptions vo{o.threads, o.structure, torch::Trust{o.trust}};
   for (size_t i : spread.mine()) {
-    try {
-      found[i].outcome = VerifyLocated(items[i], o.threads, trust, !o.structure);
-    } catch (const Error& e) {
-      found[i].failed = e.what();
-    } catch (const std::filesystem::filesystem_error& e) {
-      // Reported as main() reports what escapes a command, and the run stops there.
-      found[i].failed = fmt::format("{}: {}", e.path1().string(), e.code().message());
-      found[i].internal = true;
-    } catch (const std::exception& e) {
-      found[i].failed = std::string("internal error: ") + e.what();
-      found[i].internal = true;
-    }
+    found[i] = jobs::VerifyCheckpoint(items[i], vo);
     if (live && !report(i)) return 1;
     if (found[i].internal) break;
   }
@@ -159,32 +123,16 @@ int RunVerify(const VerifyCliOptions& o) {
     for (const auto& q : found_here)
       Out() << Printable(fmt::format("{}: {}: {}", path, q.where, q.what)) << "\n";
   };
-  // What each folder given promises beyond its files (ops/folder_checks.h): indexes against
-  // their shards, links against their targets.
+  // What each folder given promises beyond its files, and each checkpoint with a manifest.
   size_t checked = items.size();
-  for (const std::string& p : o.paths) {
-    std::vector<torch::Problem> broken = CheckFolderPromises(p);
-    if (!broken.empty()) report_whole(p, p, broken);
-  }
-  // Each checkpoint with a manifest, given or below a folder given (ops/manifest.h): every
-  // file's bytes against it.
-  std::vector<std::string> manifested;
-  for (const std::string& given : o.paths) {
-    for (std::string& m : ManifestedAt(given)) manifested.push_back(std::move(m));
-  }
-  std::sort(manifested.begin(), manifested.end());
-  manifested.erase(std::unique(manifested.begin(), manifested.end()), manifested.end());
-  for (const std::string& p : manifested) {
-    ++checked;
-    const std::string manifest = ManifestPathOf(p);
-    uint64_t hashed = 0;
-    std::vector<torch::Problem> changed = CheckManifest(p, o.threads, &hashed, !o.structure);
-    report_whole(p, manifest, changed);
-    if (changed.empty() && !o.json && !o.quiet) {
-      Out() << Printable(o.structure
-                             ? fmt::format("{}: OK (matches {}: names and sizes)", p, manifest)
-                             : fmt::format("{}: OK (matches {}: {} SHA-256-checked)", p, manifest,
-                                           HumanBytes(hashed)))
+  for (const jobs::FolderVerdict& v : jobs::VerifyFolders(o.paths, vo)) {
+    if (v.manifest) ++checked;
+    if (!v.problems.empty() || v.manifest) report_whole(v.path, v.json_path, v.problems);
+    if (v.manifest && v.problems.empty() && !o.json && !o.quiet) {
+      Out() << Printable(o.structure ? fmt::format("{}: OK (matches {}: names and sizes)", v.path,
+                                                   v.json_path)
+                                     : fmt::format("{}: OK (matches {}: {} SHA-256-checked)",
+                                                   v.path, v.json_path, HumanBytes(v.hashed)))
             << "\n";
     }
   }

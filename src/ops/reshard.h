@@ -74,7 +74,7 @@ ReshardResult ReshardToUniversal(const std::string& checkpoint, const ReshardOpt
 //   OUT/<tag>/mp_rank_00_model_states.pt                 stages 1/2: dp_world_size M
 //   OUT/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt   stage 3, r < M
 //   OUT/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt  r < M
-//   OUT/*.py                                             the source root's recovery scripts
+//   OUT/zero_to_*.py                                     the source root's recovery scripts
 //
 // Rank files are written side by side (and spread over an MPI team), each gathered from the
 // source's pieces straight into its file; the folder is built beside OUT and renamed into place.

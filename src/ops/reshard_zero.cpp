@@ -104,7 +104,9 @@ ReshardResult ReshardToZero(const std::string& checkpoint, const ReshardOptions&
       latest.Write(0, AsBytes(z.tag));
       latest.Commit();
       for (const auto& e : fs::directory_iterator(source_root)) {
-        if (e.is_regular_file() && e.path().extension() == ".py") {
+        // DeepSpeed's recovery scripts (zero_to_fp32.py...), which it copies into every root.
+        const std::string name = e.path().filename().string();
+        if (e.is_regular_file() && name.starts_with("zero_to_") && name.ends_with(".py")) {
           CopyFileAtomically(MappedFile::Open(e.path().string()),
                              (fs::path(tmp.path) / e.path().filename()).string());
         }

@@ -551,12 +551,12 @@ PassResult Applier::RunPass() {
       continue;
     }
     if (pe.damaged) {
+      // The ledger's words for it when it recorded this damage; its record of an earlier,
+      // clean check (of files since changed) says nothing.
       auto rec = s.ledger.checkpoints().find(pe.name);
-      s.LogDamaged(pe.name,
-                   rec != s.ledger.checkpoints().end() && rec->second.checked
-                       ? rec->second.checked->damage
-                       : pe.reason,
-                   result);
+      const bool described = rec != s.ledger.checkpoints().end() && rec->second.checked &&
+                             !rec->second.checked->damage.empty();
+      s.LogDamaged(pe.name, described ? rec->second.checked->damage : pe.reason, result);
       continue;
     }
     s.waiting_logged.erase(pe.name);

@@ -16,17 +16,15 @@
 #include "base/human.h"
 #include "base/names.h"
 #include "compress/archive.h"
-#include "dcp/dcp_checkpoint.h"
-#include "deepspeed/zero_checkpoint.h"
 #include "file/checkpoint_file.h"
 #include "io/atomic_output.h"
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
+#include "jobs/verify.h"
 #include "ops/compress.h"
 #include "ops/convert.h"
 #include "ops/convert_tree.h"
-#include "ops/dcp_report.h"
 #include "ops/dcp_strip.h"
 #include "ops/discovery.h"
 #include "ops/export.h"
@@ -410,55 +408,37 @@ StepOutcome RunExport(const StepContext& c) {
 }
 
 StepOutcome RunVerify(const StepContext& c) {
+  // The verify job (jobs/verify.h) as `ckptool verify CHECKPOINT` runs it (every kind of
+  // checkpoint, archives, what folders promise, a manifest), without the policy's own outputs
+  // inside the checkpoint.
   StepOutcome o;
-  std::vector<std::string> dcp;
-  std::vector<std::string> files = CheckpointFiles(c, &dcp);
+  std::vector<Located> items = jobs::VerifyTargets(
+      {c.e.path}, [&](const std::string& p) { return Under(p, c.outputs_inside); });
   if (c.dry_run) {
-    o.message = fmt::format("would verify {}{}", Count(files.size(), "file"),
-                            dcp.empty() ? "" : fmt::format(" and {} DCP folders", dcp.size()));
+    o.message = fmt::format("would verify {}", Count(items.size(), "checkpoint"));
     return o;
   }
-  std::vector<std::string> problems(files.size());
-  std::mutex mu;
+  const jobs::VerifyOptions vo{c.threads, false, torch::Trust{c.p.trust}};
   std::vector<std::string> found;
-  ForFiles(files, c.threads, [&](size_t i, unsigned per_file) {
-    std::vector<std::string> mine;
-    try {
-      CheckpointFile f = OpenCheckpoint(files[i]);
-      VerifyResult r = Verify(f, per_file, torch::Trust{c.p.trust});
-      for (const auto& p : r.problems)
-        mine.push_back(fmt::format("{}: {}: {}", files[i], p.where, p.what));
-    } catch (const Error& e) {
-      mine.push_back(e.what());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    found.insert(found.end(), mine.begin(), mine.end());
-  });
-  if (ContainerOf(c.e.path) == Container::kZero) {
-    try {
-      deepspeed::OpenZeroCheckpoint(c.e.path);
-    } catch (const Error& e) {
-      found.push_back(e.what());
-    }
+  for (const Located& item : items) {
+    jobs::CheckpointVerdict v = jobs::VerifyCheckpoint(item, vo);
+    if (!v.failed.empty()) found.push_back(v.failed);  // internal errors too: the step fails
+    for (const auto& p : v.outcome.problems)
+      found.push_back(fmt::format("{}: {}: {}", item.path, p.where, p.what));
   }
-  for (const std::string& folder : dcp) {
-    try {
-      dcp::Checkpoint d = dcp::OpenDcp(folder, torch::Trust{c.p.trust});
-      DcpVerifyResult r = VerifyDcp(d, c.threads);
-      for (const auto& p : r.problems)
-        found.push_back(fmt::format("{}: {}: {}", folder, p.where, p.what));
-    } catch (const Error& e) {
-      found.push_back(e.what());
-    }
+  size_t manifests = 0;
+  for (const jobs::FolderVerdict& v : jobs::VerifyFolders({c.e.path}, vo)) {
+    manifests += v.manifest;
+    for (const auto& p : v.problems)
+      found.push_back(fmt::format("{}: {}: {}", v.path, p.where, p.what));
   }
-  std::sort(found.begin(), found.end());
   if (!found.empty()) {
     std::string list;
     for (size_t i = 0; i < std::min<size_t>(found.size(), 5); ++i) list += "; " + found[i];
     Fail("{} problem(s){}{}", found.size(), list, found.size() > 5 ? "; ..." : "");
   }
-  o.message = fmt::format("{}{} OK", Count(files.size(), "file"),
-                          dcp.empty() ? "" : fmt::format(" and {} DCP folders", dcp.size()));
+  o.message = fmt::format("{} OK{}", Count(items.size(), "checkpoint"),
+                          manifests ? ", matching its manifest" : "");
   return o;
 }
 

@@ -235,6 +235,28 @@ class HfTrainerTest(PolicyTestCase):
         events, summary = apply(root)
         self.assertEqual(steps_of(events), [("checkpoint-100", "export")])
 
+    def test_verify_step_is_the_verify_command(self):
+        """[verify] runs what `ckptool verify CHECKPOINT` runs, a checkpoint's manifest too; a
+        file changed since (trainer_state.json, no tensor file) is then damage, named in the
+        event, and no step runs on it."""
+        root = self.path("run")
+        self.build(root, steps=(100,))
+        ckpt = os.path.join(root, "checkpoint-100")
+        run("manifest", ckpt)
+        self.write_policy(root, "[verify]\n")
+        events, _ = apply(root)
+        done = [e for e in events if e["event"] == "step" and e["step"] == "verify"]
+        self.assertEqual(len(done), 1, events)
+        self.assertIn("matching its manifest", done[0]["message"], events)
+        with open(os.path.join(ckpt, "trainer_state.json"), "a") as f:
+            f.write(" ")
+        self.assertEqual(run("verify", ckpt, expect=1).returncode, 1)
+        self.write_policy(root, "[verify]\n# changed: runs again\n")
+        events, _ = apply(root, expect=1)
+        damaged = [e for e in events if e["event"] == "damaged"]
+        self.assertEqual(len(damaged), 1, events)
+        self.assertIn("trainer_state.json", damaged[0]["message"])
+        self.assertEqual(steps_of(events), [])
 
 class KillTestBase:
     """A run killed with SIGKILL anywhere, then run again, leaves the same bytes as a run never

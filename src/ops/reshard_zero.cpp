@@ -132,8 +132,13 @@ ReshardResult ReshardToZero(const std::string& checkpoint, const ReshardOptions&
   const fs::path folder = fs::path(tmp.path) / z.tag;
   std::atomic<uint64_t> files{0};
   std::string write_error;
-  // Files side by side; the threads left over (fewer files than threads) write pieces of each.
-  const size_t side_by_side = std::max<size_t>(1, std::min<size_t>(o.threads, mine.size()));
+  // Small files side by side; a large one (what one rank holds of the optimizer files: 64 MiB
+  // or more) with every thread writing pieces of it, one file after the other.
+  uint64_t optimizer_bytes = 0;
+  for (size_t i = z.model_files; i < z.files.size(); ++i) optimizer_bytes += z.files[i]->map.size();
+  const bool large = optimizer_bytes / static_cast<uint64_t>(world) >= (64ull << 20);
+  const size_t side_by_side =
+      large ? 1 : std::max<size_t>(1, std::min<size_t>(o.threads, mine.size()));
   const unsigned per_file = std::max(1u, static_cast<unsigned>(o.threads / side_by_side));
   try {
     ParallelFor(mine.size(), static_cast<unsigned>(side_by_side), [&](size_t m) {

@@ -67,6 +67,13 @@ void SetElement(Graph& g, NodeId list, size_t i, NodeId value, const std::string
   }
 }
 
+// Element i of a list (or tuple) value; fails when there is none.
+NodeId ElementAt(const Graph& g, NodeId list, size_t i, const std::string& what) {
+  std::span<const NodeId> items = Elements(g, list, what);
+  if (i >= items.size()) Fail("{} has no element {}", what, i);
+  return items[i];
+}
+
 // The file name of rank `rank` made from rank 0's.
 std::string RankName(const std::string& rank0_path, int rank) {
   std::string name = fs::path(rank0_path).filename().string();
@@ -270,6 +277,12 @@ void CheckRepartition(const ZeroCheckpoint& z, const ZeroOptimizerState& os, int
   auto refuse = [&](const std::string& why) {
     Fail("{}: cannot be written for {} ranks: {}", z.folder, world, why);
   };
+  if (fp32.size() != ws)
+    refuse(fmt::format("{} optimizer files for a world size of {}", fp32.size(), ws));
+  for (const std::vector<Piece>& rank : fp32) {
+    if (rank.size() != groups)
+      refuse(fmt::format("a rank holds {} fp32 groups, the optimizer {}", rank.size(), groups));
+  }
   if (z.stage <= 2) {
     if (ZeroConfig(t, "round_robin_gradients").value_or(0) != 0)
       refuse("round_robin_gradients orders the flat groups by the world size");
@@ -355,7 +368,7 @@ std::vector<PlannedRankFile> PlanRankFiles(const ZeroCheckpoint& z, const ZeroOp
       std::vector<Piece> pieces;
       FlatBuffer(z, os, f, -1, w).Cut(begin, begin + f.partition - pad, 4, pieces);
       const std::string what = fmt::format("single_partition_of_fp32_groups.{}", gi);
-      b.Replace(Elements(g, singles, where + ": " + what)[gi], what, torch::DType::kFloat32,
+      b.Replace(ElementAt(g, singles, gi, where + ": " + what), what, torch::DType::kFloat32,
                 std::move(pieces));
       for (size_t k = 0; k < os.keys.size(); ++k) {
         std::vector<Piece> kp;
@@ -370,7 +383,7 @@ std::vector<PlannedRankFile> PlanRankFiles(const ZeroCheckpoint& z, const ZeroOp
       if (!IsNone(g, counts))
         SetElement(g, counts, gi, g.AddInt(world), where + ": partition_count");
       if (!IsNone(g, mappings)) {
-        NodeId m = Elements(g, mappings, where + ": param_slice_mappings")[gi];
+        NodeId m = ElementAt(g, mappings, gi, where + ": param_slice_mappings");
         std::vector<NodeId> pairs;
         for (size_t j = 0; j < f.params.size(); ++j) {
           const ZeroTensor& p = z.tensors[os.params[f.params[j]].tensor];
@@ -401,7 +414,7 @@ std::vector<PlannedRankFile> PlanRankFiles(const ZeroCheckpoint& z, const ZeroOp
                           per_key[k]);
     }
     const std::string what = fmt::format("fp32_flat_groups.{}", gi);
-    b.Replace(Elements(g, Lookup(g, osd, "fp32_flat_groups"), where + ": " + what)[gi], what,
+    b.Replace(ElementAt(g, Lookup(g, osd, "fp32_flat_groups"), gi, where + ": " + what), what,
               torch::DType::kFloat32, std::move(fp32));
     for (size_t k = 0; k < os.keys.size(); ++k)
       b.Replace(state_of(gi, k), fmt::format("state.{}.{}", gi, os.keys[k]), os.dtypes[k],

@@ -13,6 +13,7 @@
 #include "base/endian.h"
 #include "base/error.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "piece_checks.h"
 #include "torch/torch_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -56,18 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   for (const deepspeed::ZeroTensor& t : z.tensors) {
-    uint64_t count = 0;
+    fuzz::CheckPieces(t.pieces, t.numel, t.stored, inputs);
     for (const deepspeed::Piece& p : t.pieces) {
-      count += p.count;
-      uint64_t bytes = p.count * torch::ElementSize(t.stored);
-      if (p.file >= inputs.size() || p.offset > inputs[p.file].size() ||
-          bytes > inputs[p.file].size() - p.offset) {
-        std::abort();  // a piece outside its file
-      }
       if (t.kind == deepspeed::ZeroTensor::Kind::kTrainable && p.file < z.model_files)
         std::abort();  // a trainable parameter read from anywhere but its fp32.pt
     }
-    if (count != t.numel) std::abort();  // pieces that do not add up
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "deepspeed/zero_rank_plan.h"
+#include "piece_checks.h"
 #include "torch/torch_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -51,18 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return 0;
   }
-  for (const deepspeed::ZeroTensor& t : z.tensors) {
-    uint64_t count = 0;
-    for (const deepspeed::Piece& p : t.pieces) {
-      count += p.count;
-      uint64_t bytes = p.count * torch::ElementSize(t.stored);
-      if (p.file >= inputs.size() || p.offset > inputs[p.file].size() ||
-          bytes > inputs[p.file].size() - p.offset) {
-        std::abort();  // a piece outside its file
-      }
-    }
-    if (count != t.numel) std::abort();  // pieces that do not add up
-  }
+  for (const deepspeed::ZeroTensor& t : z.tensors)
+    fuzz::CheckPieces(t.pieces, t.numel, t.stored, inputs);
   // The optimizer state, laid out as the fp32 weights (what reshard writes): every key's
   // pieces inside their file and adding up to the parameter's elements.
   deepspeed::ZeroOptimizerState os;
@@ -75,18 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const deepspeed::ZeroOptimizerState::Param& p : os.params) {
     if (p.tensor >= z.tensors.size() || p.pieces.size() != os.keys.size()) std::abort();
     if (p.group < 0 || static_cast<size_t>(p.group) >= os.steps.size()) std::abort();
-    for (size_t k = 0; k < os.keys.size(); ++k) {
-      uint64_t count = 0;
-      for (const deepspeed::Piece& piece : p.pieces[k]) {
-        count += piece.count;
-        uint64_t bytes = piece.count * torch::ElementSize(os.dtypes[k]);
-        if (piece.file >= inputs.size() || piece.offset > inputs[piece.file].size() ||
-            bytes > inputs[piece.file].size() - piece.offset) {
-          std::abort();
-        }
-      }
-      if (count != z.tensors[p.tensor].numel) std::abort();
-    }
+    for (size_t k = 0; k < os.keys.size(); ++k)
+      fuzz::CheckPieces(p.pieces[k], z.tensors[p.tensor].numel, os.dtypes[k], inputs);
   }
   for (int world : {1, 3}) {
     try {
@@ -98,17 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             if (node >= plan.graph.nodes.size() || plan.graph.kind(node) != pickle::Kind::kObject) {
               std::abort();  // not a call node to make the tensor of
             }
-            uint64_t count = 0;
-            for (const deepspeed::Piece& piece : t.pieces) {
-              count += piece.count;
-              if (piece.file == deepspeed::Piece::kZeros) continue;
-              uint64_t bytes = piece.count * torch::ElementSize(t.stored);
-              if (piece.file >= inputs.size() || piece.offset > inputs[piece.file].size() ||
-                  bytes > inputs[piece.file].size() - piece.offset) {
-                std::abort();
-              }
-            }
-            if (count != t.numel) std::abort();
+            fuzz::CheckPieces(t.pieces, t.numel, t.stored, inputs, /*zeros_allowed=*/true);
           }
         }
       }

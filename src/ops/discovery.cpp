@@ -14,7 +14,7 @@
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "io/temp_files.h"
-#include "ops/manifest.h"
+#include "ops/manifest_name.h"
 #include "ops/training_state.h"
 #include "safetensors/shard_index.h"
 
@@ -88,7 +88,7 @@ std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
       std::string p = it->path().string();
       // ckptool's own temp files (a run killed outright leaves them) are never inputs.
       if (IsTempFileName(it->path().filename().string())) continue;
-      if (IsManifestName(it->path().filename().string())) continue;  // ops/manifest.h
+      if (IsManifestName(it->path().filename().string())) continue;  // ops/manifest_name.h
       if (in_dcp_folder(it->path())) continue;
       try {
         MappedFile m = MappedFile::Open(p);

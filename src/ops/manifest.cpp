@@ -315,10 +315,6 @@ void RecordFolderWritten(const std::string& folder) {
   for (const std::string& f : files) AfterReplace(f);
 }
 
-bool IsManifestName(const std::string& name) {
-  return name == kManifestName || name.ends_with(kManifestSuffix);
-}
-
 std::string ManifestPathOf(const std::string& path) {
   if (fs::is_directory(path)) return (fs::path(path) / kManifestName).string();
   return path + kManifestSuffix;

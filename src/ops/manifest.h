@@ -20,15 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "ops/manifest_name.h"
 #include "torch/model.h"
 
 namespace ckpt {
-
-inline constexpr const char* kManifestName = "ckptool-manifest.json";
-inline constexpr const char* kManifestSuffix = ".ckptool-manifest.json";
-
-// Is this file name a manifest (the folder's, or a file's sidecar)?
-bool IsManifestName(const std::string& name);
 
 // Where the manifest of the checkpoint at `path` is (whether or not it exists).
 std::string ManifestPathOf(const std::string& path);

@@ -29,7 +29,7 @@ if HERE not in sys.path:
 import real_ucp_train  # noqa: E402
 import torch  # noqa: E402
 
-from stacklib import TempDirTest, fixture, python, run  # noqa: E402
+from stacklib import SANITIZED, TempDirTest, fixture, python, run  # noqa: E402
 
 STEPS = real_ucp_train.STEPS
 TAG = f"global_step{STEPS}"
@@ -41,7 +41,11 @@ CONFIGS = {
     "s3_bf16": (3, "bf16", 0, "adamw"),
     "s2_sgd": (2, "fp32", 0, "sgd"),
 }
-WORLDS = (1, 3)
+# The resumes run DeepSpeed (Python) on the files ckptool wrote, which are the same bytes in the
+# sanitizer build: there, where every process group runs alone and costs the suite its whole
+# wall time, only the 3-rank resumes run (a world size the checkpoint was not saved on, larger
+# than its own); every file is still written, verified and exported under the sanitizers.
+WORLDS = (3,) if SANITIZED else (1, 3)
 
 
 def trained(name, into):

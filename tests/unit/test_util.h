@@ -26,6 +26,19 @@ inline std::string ReadFixture(const std::string& name) {
   return ss.str();
 }
 
+// The bytes of the file at `p`.
+inline std::string ReadBytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The committed corpus of a fuzz target (fuzz/corpus/<target>): its seeds and what fuzzing found.
+inline std::filesystem::path FuzzCorpus(const std::string& target) {
+  return std::filesystem::path(CKPT_FIXTURES_DIR) / ".." / ".." / "fuzz" / "corpus" / target;
+}
+
 // The message of the ckpt::Error that fn() throws, or "" when it throws none.
 template <typename Fn>
 std::string ErrorOf(Fn&& fn) {

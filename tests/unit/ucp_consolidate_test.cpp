@@ -19,11 +19,6 @@
 namespace ckpt::deepspeed {
 namespace {
 
-std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 struct Seed {
   int stage = 0;
   std::vector<std::string> models, params;  // file bytes
@@ -62,17 +57,13 @@ ZeroCheckpoint Build(const Seed& s) {
   return z;
 }
 
-std::filesystem::path Seeds() {
-  return std::filesystem::path(CKPT_FIXTURES_DIR) / ".." / ".." / "fuzz" / "corpus" / "ucp";
-}
-
 TEST(UcpConsolidate, SeedsConsolidateToTheirModel) {
   size_t seen = 0;
-  for (const auto& e : std::filesystem::directory_iterator(Seeds())) {
+  for (const auto& e : std::filesystem::directory_iterator(test::FuzzCorpus("ucp"))) {
     std::string name = e.path().filename().string();
     if (!name.starts_with("seed-")) continue;
     ++seen;
-    Seed s = Parse(ReadFile(e.path()));
+    Seed s = Parse(test::ReadBytes(e.path()));
     ZeroCheckpoint z = Build(s);
     std::set<std::string> names;
     size_t trainable = 0;
@@ -105,7 +96,7 @@ TEST(UcpConsolidate, SeedsConsolidateToTheirModel) {
 }
 
 TEST(UcpConsolidate, TruncatedParameterFilesAreRefused) {
-  Seed s = Parse(ReadFile(Seeds() / "seed-real-s2-bf16-align"));
+  Seed s = Parse(test::ReadBytes(test::FuzzCorpus("ucp") / "seed-real-s2-bf16-align"));
   ASSERT_GE(s.params.size(), 2u);
   std::string& victim = s.params[1];
   const std::string whole = victim;

@@ -19,11 +19,6 @@
 namespace ckpt::deepspeed {
 namespace {
 
-std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Splits a seed into its files: (is optimizer file, bytes).
 std::vector<std::pair<bool, std::string>> Files(const std::string& seed) {
   std::vector<std::pair<bool, std::string>> out;
@@ -53,17 +48,13 @@ ZeroCheckpoint Build(const std::vector<std::pair<bool, std::string>>& files) {
   return z;
 }
 
-std::filesystem::path Seeds() {
-  return std::filesystem::path(CKPT_FIXTURES_DIR) / ".." / ".." / "fuzz" / "corpus" / "zero";
-}
-
 TEST(ZeroConsolidate, SeedsConsolidateToTheirModel) {
   size_t seen = 0;
-  for (const auto& e : std::filesystem::directory_iterator(Seeds())) {
+  for (const auto& e : std::filesystem::directory_iterator(test::FuzzCorpus("zero"))) {
     std::string name = e.path().filename().string();
     if (!name.starts_with("seed-")) continue;
     ++seen;
-    ZeroCheckpoint z = Build(Files(ReadFile(e.path())));
+    ZeroCheckpoint z = Build(Files(test::ReadBytes(e.path())));
     int stage = name[10] - '0', ranks = name[17] - '0';
     EXPECT_EQ(z.stage, stage) << name;
     EXPECT_EQ(z.world_size, ranks) << name;
@@ -83,7 +74,8 @@ TEST(ZeroConsolidate, SeedsConsolidateToTheirModel) {
 }
 
 TEST(ZeroConsolidate, TruncatedRankFilesAreRefused) {
-  std::vector<std::pair<bool, std::string>> files = Files(ReadFile(Seeds() / "seed-stage3-ranks3"));
+  std::vector<std::pair<bool, std::string>> files =
+      Files(test::ReadBytes(test::FuzzCorpus("zero") / "seed-stage3-ranks3"));
   ASSERT_EQ(files.size(), 6u);
   std::string& victim = files.back().second;  // the last optimizer file
   const std::string whole = victim;

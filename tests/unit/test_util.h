@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/byte_cursor.h"
@@ -37,6 +38,16 @@ inline std::string ReadBytes(const std::filesystem::path& p) {
 // The committed corpus of a fuzz target (fuzz/corpus/<target>): its seeds and what fuzzing found.
 inline std::filesystem::path FuzzCorpus(const std::string& target) {
   return std::filesystem::path(CKPT_FIXTURES_DIR) / ".." / ".." / "fuzz" / "corpus" / target;
+}
+
+// The seeds of a fuzz target's corpus (its files named "seed-..."), by name, with their bytes.
+inline std::vector<std::pair<std::string, std::string>> FuzzSeeds(const std::string& target) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : std::filesystem::directory_iterator(FuzzCorpus(target))) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with("seed-")) out.emplace_back(name, ReadBytes(e.path()));
+  }
+  return out;
 }
 
 // The message of the ckpt::Error that fn() throws, or "" when it throws none.

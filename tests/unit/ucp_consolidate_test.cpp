@@ -59,11 +59,9 @@ ZeroCheckpoint Build(const Seed& s) {
 
 TEST(UcpConsolidate, SeedsConsolidateToTheirModel) {
   size_t seen = 0;
-  for (const auto& e : std::filesystem::directory_iterator(test::FuzzCorpus("ucp"))) {
-    std::string name = e.path().filename().string();
-    if (!name.starts_with("seed-")) continue;
+  for (const auto& [name, bytes] : test::FuzzSeeds("ucp")) {
     ++seen;
-    Seed s = Parse(test::ReadBytes(e.path()));
+    Seed s = Parse(bytes);
     ZeroCheckpoint z = Build(s);
     std::set<std::string> names;
     size_t trainable = 0;

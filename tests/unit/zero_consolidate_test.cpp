@@ -50,11 +50,9 @@ ZeroCheckpoint Build(const std::vector<std::pair<bool, std::string>>& files) {
 
 TEST(ZeroConsolidate, SeedsConsolidateToTheirModel) {
   size_t seen = 0;
-  for (const auto& e : std::filesystem::directory_iterator(test::FuzzCorpus("zero"))) {
-    std::string name = e.path().filename().string();
-    if (!name.starts_with("seed-")) continue;
+  for (const auto& [name, bytes] : test::FuzzSeeds("zero")) {
     ++seen;
-    ZeroCheckpoint z = Build(Files(test::ReadBytes(e.path())));
+    ZeroCheckpoint z = Build(Files(bytes));
     int stage = name[10] - '0', ranks = name[17] - '0';
     EXPECT_EQ(z.stage, stage) << name;
     EXPECT_EQ(z.world_size, ranks) << name;

@@ -38,6 +38,12 @@ namespace ckpt::ckz {
 
 enum class Level : uint8_t { kFast = 0, kMax = 1 };
 
+// What coding did to some bytes: how many went in, how many plane bytes they became.
+struct CodingStats {
+  uint64_t original = 0;  // bytes of input
+  uint64_t stored = 0;    // plane bytes they became
+};
+
 // Is zstd's Huffman literal coder reachable here (the libzstd 1.5 series)?
 bool HuffmanAvailable();
 

@@ -1,4 +1,4 @@
-// File plumbing shared by the archive jobs (compress.cpp, decompress.cpp,
+// File plumbing shared by the archive code (compress.cpp, archive_restore.cpp,
 // archive_report.cpp): where archive bytes go (sinks), file times and checks, and the
 // per-transform statistics of an index. Private to ops/.
 #pragma once
@@ -11,9 +11,9 @@
 #include <string_view>
 
 #include "base/byte_cursor.h"
+#include "compress/chunk_coder.h"
 #include "compress/format.h"
 #include "io/atomic_output.h"
-#include "ops/compress.h"
 
 namespace ckpt::archive_io {
 
@@ -69,8 +69,8 @@ struct PlaneStat {
 };
 struct IndexStats {
   PlaneStat planes[ckz::kTransforms][8];
-  CodingStats transforms[ckz::kTransforms];
-  CodingStats fallback;  // typed chunks coded whole by plain zstd
+  ckz::CodingStats transforms[ckz::kTransforms];
+  ckz::CodingStats fallback;  // typed chunks coded whole by plain zstd
   uint64_t fallback_chunks = 0;
   uint64_t chunk_headers = 0;
 };

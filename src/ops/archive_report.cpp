@@ -19,39 +19,7 @@ using ckz::Index;
 using namespace archive_io;  // the archive jobs' shared plumbing (ops/archive_io.h)
 
 // ---------------------------------------------------------------------------------------
-// Inspect and verify.
-
-ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads) {
-  const Index& index = a.index();
-  ArchiveVerifyResult r;
-  std::vector<std::string> errors(index.chunks.size());
-  std::vector<char> ok(index.chunks.size(), 0);
-  ckz::DecodeLoop loop;
-  loop.use = [&](size_t k, Bytes) { ok[k] = 1; };
-  loop.on_error = [&](size_t k, const std::string& error) { errors[k] = error; };
-  ckz::DecodeChunks(a, 0, index.chunks.size(), threads, loop);
-  r.chunks = index.chunks.size();
-  std::vector<bool> bad_file(index.entries.size(), false);
-  for (size_t k = 0; k < errors.size(); ++k) {
-    if (!ok[k]) {
-      r.problems.push_back({a.DescribeChunk(k), errors[k]});
-      bad_file[index.chunks[k].file] = true;
-    } else {
-      r.bytes += index.chunks[k].length;
-    }
-  }
-  std::vector<uint32_t> crcs(index.chunks.size());
-  for (size_t k = 0; k < crcs.size(); ++k) crcs[k] = index.chunks[k].crc;
-  for (size_t i = 0; i < index.entries.size(); ++i) {
-    const Entry& e = index.entries[i];
-    if (e.type != EntryType::kFile || bad_file[i] || e.chunk_count == 0) continue;
-    uint32_t crc = 0;
-    for (uint64_t k = e.first_chunk; k < e.first_chunk + e.chunk_count; ++k)
-      crc = k == e.first_chunk ? crcs[k] : Crc32Combine(crc, crcs[k], index.chunks[k].length);
-    if (crc != e.crc) r.problems.push_back({e.path, "the file's checksum does not match"});
-  }
-  return r;
-}
+// Inspect.
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include "file/checkpoint_file.h"
 #include "io/mapped_file.h"
 #include "io/temp_files.h"
-#include "ops/compress.h"
+#include "ops/archive_restore.h"
 #include "ops/discovery.h"
 
 namespace ckpt {
@@ -35,10 +35,10 @@ std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
 std::unique_ptr<ArchiveView> ArchiveView::Restore(const std::string& archive,
                                                   const std::string& parent, unsigned threads) {
   std::unique_ptr<ArchiveView> v = Prepare(archive, parent);
-  DecompressOptions o;
+  RestoreOptions o;
   o.threads = threads ? threads : 1;
-  o.output = v->root_;
-  DecompressArchive(archive, o);  // errors name the archive; every chunk's CRC is checked
+  // Errors name the archive; every chunk's CRC is checked.
+  RestoreArchive(ckz::Archive::Open(archive), v->root_, o);
   return v;
 }
 

@@ -185,12 +185,6 @@ std::string DefaultArchiveName(const std::string& path) {
   return p + std::string(ckz::kArchiveSuffix);
 }
 
-std::string DefaultRestoredName(const std::string& archive) {
-  std::string a = StripSlashes(archive);
-  if (fs::path(a).filename().string() == ckz::kArchiveSuffix) return "";
-  return ckz::WithoutArchiveSuffix(a);
-}
-
 CompressResult CompressPath(const std::string& given, const CompressOptions& o) {
   PerfTimer timer("compress");
   std::string path = StripSlashes(given);

@@ -26,6 +26,7 @@
 #include "base/json_stream.h"
 #include "compress/archive.h"
 #include "compress/chunk_coder.h"
+#include "ops/archive_restore.h"
 #include "torch/model.h"
 
 namespace ckpt {
@@ -44,10 +45,7 @@ struct CompressOptions {
   std::atomic<uint64_t>* bytes_done = nullptr;  // progress: input bytes coded
 };
 
-struct CodingStats {
-  uint64_t original = 0;  // bytes of input
-  uint64_t stored = 0;    // plane bytes they became
-};
+using ckz::CodingStats;
 
 struct CompressResult {
   std::string input;
@@ -86,23 +84,13 @@ struct DecompressResult {
 
 DecompressResult DecompressArchive(const std::string& path, const DecompressOptions& o);
 
-// The output a compress or decompress of `path` writes by default.
+// The output a compress of `path` writes by default (decompress: DefaultRestoredName).
 std::string DefaultArchiveName(const std::string& path);
-std::string DefaultRestoredName(const std::string& archive);  // "" when it has no .ckz suffix
 
 // inspect: what the archive holds and how each kind of bytes was coded, without decoding.
 std::string RenderArchiveText(const ckz::Archive& a, size_t top);
 // `extra` writes more members into the archive's object (inspect: the held checkpoints).
 void WriteArchiveJson(JsonStream& out, const ckz::Archive& a,
                       const std::function<void(JsonStream&)>& extra = {});
-
-// verify: decodes every chunk in parallel and checks every checksum; one problem per bad
-// chunk (naming the file and tensors it holds) and per file whose checksum fails.
-struct ArchiveVerifyResult {
-  std::vector<torch::Problem> problems;
-  uint64_t chunks = 0;
-  uint64_t bytes = 0;  // original bytes decoded and checked
-};
-ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads);
 
 }  // namespace ckpt

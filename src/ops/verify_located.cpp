@@ -7,8 +7,8 @@
 #include "compress/archive.h"
 #include "dcp/dcp_checkpoint.h"
 #include "deepspeed/zero_checkpoint.h"
+#include "ops/archive_restore.h"
 #include "ops/archive_view.h"
-#include "ops/compress.h"
 #include "ops/dcp_report.h"
 #include "ops/verify.h"
 

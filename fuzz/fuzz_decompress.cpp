@@ -9,8 +9,9 @@
 
 #include "base/error.h"
 #include "compress/archive.h"
+#include "engines/compress.h"
 #include "io/crc32.h"
-#include "ops/compress.h"
+#include "reports/archive_report.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/inspect_output.h"
-#include "ops/verify.h"
+#include "checkpoint/verify.h"
+#include "reports/inspect_output.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int fd = ::memfd_create("ckpt-fuzz", 0);

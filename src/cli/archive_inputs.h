@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/archive_view.h"
+#include "checkpoint/archive_view.h"
 
 namespace ckpt::cli {
 

@@ -14,7 +14,7 @@
 #include "cluster/partition.h"
 #include "cluster/steps.h"
 #include "io/parallel.h"
-#include "ops/result_json.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::cli {
 

@@ -7,7 +7,7 @@
 // In an MPI job (cluster/) the files are first spread over the ranks: every rank finds the
 // same files, Spread gives each its share (balanced by bytes, cluster/partition.h), each
 // rank runs its share with its own threads, and the results travel to rank 0 as JSON
-// (ops/result_json.h), which prints the one report. Other ranks print nothing.
+// (jobs/result_json.h), which prints the one report. Other ranks print nothing.
 #pragma once
 
 #include <atomic>

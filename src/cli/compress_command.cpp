@@ -17,9 +17,9 @@
 #include "cli/progress.h"
 #include "cluster/world.h"
 #include "compress/archive.h"
+#include "engines/compress.h"
 #include "io/parallel.h"
-#include "ops/compress.h"
-#include "ops/result_json.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::cli {
 

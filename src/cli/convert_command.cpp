@@ -11,17 +11,17 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "checkpoint/integrity.h"
+#include "checkpoint/training_state.h"
 #include "cli/archive_inputs.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "engines/convert.h"
+#include "engines/convert_tree.h"
 #include "io/folders.h"
 #include "io/parallel.h"
-#include "ops/convert.h"
-#include "ops/convert_tree.h"
-#include "ops/integrity.h"
-#include "ops/result_json.h"
-#include "ops/training_state.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::cli {
 

@@ -15,12 +15,12 @@
 #include "cli/output_place.h"
 #include "cluster/steps.h"
 #include "cluster/world.h"
+#include "engines/export.h"
+#include "engines/logical_export.h"
 #include "io/parallel.h"
-#include "ops/export.h"
-#include "ops/logical_export.h"
-#include "ops/output_set.h"
-#include "ops/result_json.h"
-#include "ops/safetensors_output.h"
+#include "jobs/result_json.h"
+#include "writers/output_set.h"
+#include "writers/safetensors_output.h"
 
 namespace ckpt::cli {
 

@@ -1,4 +1,4 @@
-// `ckptool manifest CKPT...`: ops/manifest.h.
+// `ckptool manifest CKPT...`: checkpoint/manifest.h.
 #include <fmt/format.h>
 
 #include <memory>
@@ -7,9 +7,9 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "io/parallel.h"
-#include "ops/manifest.h"
 
 namespace ckpt::cli {
 

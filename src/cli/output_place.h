@@ -1,11 +1,11 @@
-// The output place (ops/output_set.h) of a command that may run in an MPI job: rank 0 makes it
+// The output place (writers/output_set.h) of a command that may run in an MPI job: rank 0 makes it
 // and, when every rank writes into it, tells them where.
 #pragma once
 
 #include <optional>
 #include <string>
 
-#include "ops/output_set.h"
+#include "writers/output_set.h"
 
 namespace ckpt::cli {
 

@@ -9,8 +9,8 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "engines/prune.h"
 #include "io/parallel.h"
-#include "ops/prune.h"
 
 namespace ckpt::cli {
 

@@ -1,4 +1,4 @@
-// `ckptool reshard CKPT --to universal|zero`: ops/reshard.h.
+// `ckptool reshard CKPT --to universal|zero`: engines/reshard.h.
 #include <fmt/format.h>
 
 #include <memory>
@@ -10,8 +10,8 @@
 #include "cli/commands.h"
 #include "cluster/steps.h"
 #include "cluster/world.h"
+#include "engines/reshard.h"
 #include "io/parallel.h"
-#include "ops/reshard.h"
 
 namespace ckpt::cli {
 

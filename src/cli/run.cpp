@@ -15,13 +15,13 @@
 #include "base/names.h"
 #include "base/perf.h"
 #include "base/utf8.h"
+#include "checkpoint/manifest.h"
 #include "cli/command_table.h"
 #include "cli/commands.h"
 #include "cli/run.h"
 #include "cluster/steps.h"
 #include "cluster/world.h"
 #include "io/temp_files.h"
-#include "ops/manifest.h"
 
 namespace ckpt::cli {
 

@@ -10,16 +10,16 @@
 #include "base/human.h"
 #include "base/names.h"
 #include "base/utf8.h"
+#include "checkpoint/discovery.h"
+#include "checkpoint/integrity.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cluster/world.h"
+#include "engines/shrink.h"
 #include "file/checkpoint_file.h"
 #include "io/parallel.h"
-#include "ops/discovery.h"
-#include "ops/integrity.h"
-#include "ops/result_json.h"
-#include "ops/shrink.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::cli {
 

@@ -7,14 +7,14 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
+#include "checkpoint/discovery.h"
+#include "checkpoint/verify.h"
 #include "cli/batch.h"
 #include "cli/commands.h"
 #include "cluster/world.h"
 #include "io/parallel.h"
+#include "jobs/result_json.h"
 #include "jobs/verify.h"
-#include "ops/discovery.h"
-#include "ops/result_json.h"
-#include "ops/verify.h"
 
 namespace ckpt::cli {
 

@@ -21,7 +21,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/policy_cli.h"
-#include "ops/prune.h"
+#include "engines/prune.h"
 #include "policy/apply.h"
 
 namespace ckpt::cli {

@@ -29,7 +29,7 @@ namespace ckpt {
 // path. Costs one getenv per output otherwise.
 void LogCommitForTests(const std::string& path);
 
-// Hooks around replacing an existing file in place (manifests use them: ops/manifest.h).
+// Hooks around replacing an existing file in place (manifests use them: checkpoint/manifest.h).
 // `before(path)` runs when Commit() is about to replace `path` with what was made from it (an
 // input of the output is that file, or no input was named) and may throw to refuse; `after(path)`
 // once Commit() has put any file in place, new or replacing one (a throw there is the command's

@@ -7,9 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "ops/folder_checks.h"
-#include "ops/manifest.h"
-#include "ops/result_json.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/folder_checks.h"
+#include "checkpoint/manifest.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::jobs {
 
@@ -32,7 +33,7 @@ std::vector<Located> VerifyTargets(const std::vector<std::string>& paths,
 CheckpointVerdict VerifyCheckpoint(const Located& item, const VerifyOptions& o) {
   CheckpointVerdict v;
   try {
-    v.outcome = VerifyLocated(item, o.threads, o.trust, !o.structure);
+    v.outcome = CheckpointAt(item)->Verify(o.threads, o.trust, !o.structure);
   } catch (const Error& e) {
     v.failed = e.what();
   } catch (const std::filesystem::filesystem_error& e) {

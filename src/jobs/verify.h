@@ -11,8 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "ops/discovery.h"
-#include "ops/verify.h"
+#include "checkpoint/discovery.h"
+#include "checkpoint/verify.h"
 #include "torch/global_policy.h"
 
 namespace ckpt::jobs {

@@ -1,5 +1,5 @@
 // Walks an object graph by key paths from the root: the mechanics the tensor table
-// (torch/tensor_table.cpp: tensor names) and strip's dropper (ops/strip.cpp: key paths to
+// (torch/tensor_table.cpp: tensor names) and strip's dropper (engines/strip.cpp: key paths to
 // drop or keep) share. What a node means, and which of its children to walk, is the client's.
 //
 // A path is the keys that lead to a value, joined with '.': dict keys as Graph::KeyText

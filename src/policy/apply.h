@@ -12,7 +12,7 @@
 //   4. for each complete checkpoint kept, oldest first, the steps it still needs, in order
 //      shrink, convert, export, verify (then strip and compress once it is older than the
 //      newest N): the ledger is written before a step starts and after it ends.
-// A checkpoint that fails verify (ops/integrity.h; recorded in the ledger at its files) is
+// A checkpoint that fails verify (checkpoint/integrity.h; recorded in the ledger at its files) is
 // reported, kept, not counted by retention, and no step runs on it.
 // Each step calls the op the command of the same name runs (ShrinkFile, StripFile / StripDcp,
 // PlanConvertTree + ConvertFile, Export, Verify / VerifyDcp / OpenZeroCheckpoint).

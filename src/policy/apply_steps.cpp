@@ -15,27 +15,27 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
+#include "checkpoint/discovery.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/verify.h"
 #include "compress/archive.h"
+#include "engines/compress.h"
+#include "engines/convert.h"
+#include "engines/convert_tree.h"
+#include "engines/dcp_strip.h"
+#include "engines/export.h"
+#include "engines/prune.h"
+#include "engines/shrink.h"
+#include "engines/strip.h"
 #include "file/checkpoint_file.h"
 #include "io/atomic_output.h"
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
 #include "jobs/verify.h"
-#include "ops/compress.h"
-#include "ops/convert.h"
-#include "ops/convert_tree.h"
-#include "ops/dcp_strip.h"
-#include "ops/discovery.h"
-#include "ops/export.h"
-#include "ops/manifest.h"
-#include "ops/output_set.h"
-#include "ops/prune.h"
-#include "ops/shrink.h"
-#include "ops/strip.h"
-#include "ops/verify.h"
 #include "policy/completeness.h"
 #include "policy/ledger.h"
+#include "writers/output_set.h"
 
 namespace ckpt::apply_steps {
 
@@ -443,9 +443,9 @@ StepOutcome RunVerify(const StepContext& c) {
 }
 
 // ---- manifest ----------------------------------------------------------------------------
-// ckptool manifest on the checkpoint (ops/manifest.h): written once; a run after it was written
-// (another policy, the step's options changed) writes it again only while the checkpoint still
-// matches it.
+// ckptool manifest on the checkpoint (checkpoint/manifest.h): written once; a run after it was
+// written (another policy, the step's options changed) writes it again only while the checkpoint
+// still matches it.
 
 StepOutcome RunManifest(const StepContext& c) {
   StepOutcome o;

@@ -15,8 +15,8 @@
 
 #include "base/names.h"
 #include "dcp/dcp_checkpoint.h"
+#include "engines/prune.h"
 #include "io/text_file.h"
-#include "ops/prune.h"
 
 namespace ckpt::policy {
 
@@ -290,7 +290,7 @@ bool Completeness::Complete(const std::string& path, std::string* why) {
   if (p->second.ok) return true;
   // The framework's marker says it finished writing (or compress renamed the archive into place
   // once written) and nothing changed since: a file that does not open is damage, which the
-  // policy reports as such (ops/integrity.h), not a checkpoint still being written.
+  // policy reports as such (checkpoint/integrity.h), not a checkpoint still being written.
   bool marked = archive || (layout != "plain" && layout != "file");
   if (marked) return true;
   *why = p->second.why;

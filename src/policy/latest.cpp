@@ -4,8 +4,8 @@
 #include <map>
 
 #include "base/error.h"
-#include "ops/integrity.h"
-#include "ops/prune.h"
+#include "checkpoint/integrity.h"
+#include "engines/prune.h"
 #include "policy/completeness.h"
 
 namespace ckpt::policy {

@@ -1,7 +1,7 @@
 // `ckptool latest ROOT`: the newest checkpoint under ROOT to resume from. Checkpoints are the
 // entries prune recognises by the step in their names, newest step first; the first that is
 // complete (policy/completeness.h: its framework's marker written, nothing open for writing;
-// no settle time: training is not running when one resumes) and verifies (ops/integrity.h:
+// no settle time: training is not running when one resumes) and verifies (checkpoint/integrity.h:
 // nothing of what verify checks is damaged) is the answer. A compressed checkpoint (NAME.ckz)
 // is passed over: a trainer cannot resume from it until it is decompressed.
 #pragma once

@@ -9,8 +9,8 @@
 
 #include "base/names.h"
 #include "base/size_parse.h"
+#include "engines/prune.h"
 #include "io/mapped_file.h"
-#include "ops/prune.h"
 #include "policy/toml_section.h"
 
 namespace ckpt::policy {

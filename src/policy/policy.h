@@ -104,7 +104,7 @@ struct ExportStep {
 
 struct VerifyStep {};
 
-// ckptool manifest: a manifest written as the checkpoint lands (ops/manifest.h); the steps
+// ckptool manifest: a manifest written as the checkpoint lands (checkpoint/manifest.h); the steps
 // after it that rewrite files in place keep it up to date.
 struct ManifestStep {
   bool tensors = true;

@@ -1,6 +1,6 @@
-// ckptool._core.Checkpoint: one opened checkpoint (ops/opened_checkpoint.h) with its tensors'
-// descriptions and bytes, read into buffers the package allocates (a torch tensor's or a numpy
-// array's), with the GIL released.
+// ckptool._core.Checkpoint: one opened checkpoint (checkpoint/opened_checkpoint.h) with its
+// tensors' descriptions and bytes, read into buffers the package allocates (a torch tensor's or a
+// numpy array's), with the GIL released.
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/opened_checkpoint.h"
+#include "checkpoint/opened_checkpoint.h"
 #include "python/bindings.h"
 #include "torch/dtype.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "ops/opened_checkpoint.h"
+#include "checkpoint/opened_checkpoint.h"
 #include "python/bindings.h"
 #include "torch/global_policy.h"
 

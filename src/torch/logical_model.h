@@ -2,8 +2,8 @@
 // (DeepSpeed ZeRO), of chunk items (torch.distributed.checkpoint), or one file. Each logical
 // tensor has a name, dtype and full shape, and produces any range of its row-major elements
 // as spans of the input files' bytes, without assembling the tensor in memory. Every
-// container's reader builds one (ops/opened_checkpoint.h opens any container to it); export
-// writes it (ops/logical_export.h).
+// container's reader builds one (checkpoint/opened_checkpoint.h opens any container to it); export
+// writes it (engines/logical_export.h).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,7 @@ struct LogicalTensor {
   // and a run of small contiguous tensors (not `whole`) is read as one range.
   int32_t input = -1;
   uint64_t offset = 0;
-  // Optimizer state, schedulers, RNG... (ops/training_state.h): left out of an export unless
+  // Optimizer state, schedulers, RNG... (checkpoint/training_state.h): left out of an export unless
   // asked for. Set by the opener.
   bool training = false;
 };

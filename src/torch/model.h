@@ -65,7 +65,7 @@ struct Problem {
   std::string where;  // record, tensor name or pickle offset
   std::string what;
   // What would run code when loaded (a pickle finding), not damage: a file can be intact and
-  // unsafe. Commands that refuse damaged inputs (ops/integrity.h) look at damage alone.
+  // unsafe. Commands that refuse damaged inputs (checkpoint/integrity.h) look at damage alone.
   bool unsafe = false;
 };
 

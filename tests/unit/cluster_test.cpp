@@ -11,7 +11,7 @@
 
 #include "cluster/launch.h"
 #include "cluster/partition.h"
-#include "ops/result_json.h"
+#include "jobs/result_json.h"
 
 namespace ckpt::cluster {
 namespace {

@@ -19,9 +19,9 @@
 #include "compress/format.h"
 #include "compress/layout.h"
 #include "compress/skeleton.h"
+#include "engines/compress.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
-#include "ops/compress.h"
 #include "test_util.h"
 
 namespace ckpt {

@@ -15,7 +15,7 @@
 #include "base/endian.h"
 #include "base/error.h"
 #include "dcp/dcp_checkpoint.h"
-#include "ops/dcp_report.h"
+#include "reports/dcp_report.h"
 
 namespace ckpt::dcp {
 namespace {

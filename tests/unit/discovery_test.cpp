@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/discovery.h"
 #include "compress/format.h"
-#include "ops/discovery.h"
 #include "test_util.h"
 
 namespace ckpt {

@@ -1,4 +1,4 @@
-// SHA-256 (io/sha256.h) against the FIPS 180-2 vectors, and manifests (ops/manifest.h) of a
+// SHA-256 (io/sha256.h) against the FIPS 180-2 vectors, and manifests (checkpoint/manifest.h) of a
 // file and of a folder: written, checked, and every kind of difference named.
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "checkpoint/manifest.h"
 #include "io/sha256.h"
-#include "ops/manifest.h"
 #include "test_util.h"
 
 namespace ckpt {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/endian.h"
-#include "ops/strip.h"
+#include "engines/strip.h"
 #include "pickle/parser.h"
 #include "test_util.h"
 #include "torch/model.h"

@@ -1,4 +1,4 @@
-#include "ops/prune.h"
+#include "engines/prune.h"
 
 #include <gtest/gtest.h>
 

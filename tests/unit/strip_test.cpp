@@ -1,6 +1,6 @@
-// strip's key-path dropper (ops/strip.cpp), through StripFile on small hand-made torch zips:
+// strip's key-path dropper (engines/strip.cpp), through StripFile on small hand-made torch zips:
 // nested drops, keep globs over drop globs, shared subtrees, cycles and the PathBudget bound.
-#include "ops/strip.h"
+#include "engines/strip.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "checkpoint/verify.h"
 #include "file/checkpoint_file.h"
-#include "ops/verify.h"
 #include "test_util.h"
 
 namespace ckpt {

@@ -13,9 +13,9 @@
 #include <stdexcept>
 
 #include "base/error.h"
+#include "checkpoint/verify.h"
 #include "file/checkpoint_file.h"
-#include "ops/inspect_report.h"
-#include "ops/verify.h"
+#include "reports/inspect_report.h"
 #include "test_util.h"
 
 namespace ckpt::torch {

@@ -1,6 +1,6 @@
-// TorchRewrite's read-back check (ops/rewrite_verify.cpp): a plan that would put a tensor
+// TorchRewrite's read-back check (rewriters/rewrite_verify.cpp): a plan that would put a tensor
 // somewhere other than the input had it is caught after writing, and nothing is replaced.
-#include "ops/torch_rewrite.h"
+#include "rewriters/torch_rewrite.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -65,7 +65,7 @@ std::vector<std::string> CollectFiles(const ShrinkCliOptions& o, std::vector<std
     }
     for (const std::string& f : ExpandInputs({o.checkpoint_dir}, nullptr, dcp)) {
       if (!MatchesPatterns(f, o.patterns)) continue;
-      if (FileKindOf(f) == FileKind::kTorch) add(f, o.checkpoint_dir);
+      if (Shrinkable(f)) add(f, o.checkpoint_dir);
     }
   }
   // Files named on the command line are always taken; --patterns filters what folders hold.

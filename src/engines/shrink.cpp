@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/human.h"
+#include "checkpoint/discovery.h"
 #include "file/checkpoint_file.h"
 #include "io/file_copy.h"
 #include "rewriters/rewritable.h"
@@ -13,6 +14,10 @@
 #include "rewriters/torch_rewrite.h"
 
 namespace ckpt {
+
+bool Shrinkable(const std::string& path) {
+  return FileKindOf(path) == FileKind::kTorch;
+}
 
 ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& o) {
   ShrinkResult r;

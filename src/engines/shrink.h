@@ -31,4 +31,9 @@ struct ShrinkResult {
 
 ShrinkResult ShrinkFile(const std::string& path, const ShrinkOptions& options);
 
+// Does `path` hold something shrink rewrites (a torch file, zip or legacy, by its content)?
+// What a folder is searched for (--checkpoint_dir, the policy's shrink step): safetensors files
+// hold no views, and other files no checkpoint. Throws ckpt::Error when it cannot be read.
+bool Shrinkable(const std::string& path);
+
 }  // namespace ckpt

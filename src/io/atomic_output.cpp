@@ -232,6 +232,21 @@ void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t o
     }
   }
   if (size > 0) NotChecked();  // the kernel copies
+  if (in.backed()) {
+    // A file read through a ByteSource (a .ckz archive's skeleton) holds holes where its
+    // tensors are: its bytes come through windows, never from the file on disk.
+    constexpr uint64_t kWindow = uint64_t{4} << 20;
+    while (size > 0) {
+      CheckInterrupt();
+      uint64_t n = std::min(size, kWindow);
+      MappedFile::Window w(in, in_offset, n);
+      Write(offset, w.bytes());
+      in_offset += n;
+      offset += n;
+      size -= n;
+    }
+    return;
+  }
   const int in_fd = in.fd();
   constexpr uint64_t kPiece = uint64_t{64} << 20;  // an interrupt is seen between pieces
   while (size > 0) {

@@ -146,7 +146,7 @@ StepOutcome RunShrink(const StepContext& c) {
   for (const std::string& f : CheckpointFiles(c, nullptr)) {
     if (!s.patterns.empty() && !MatchesAnyGlob(s.patterns, fs::path(f).filename().string()))
       continue;
-    if (FileKindOf(f) == FileKind::kTorch) files.push_back(f);
+    if (Shrinkable(f)) files.push_back(f);
   }
   std::vector<ShrinkResult> results(files.size());
   ForFiles(files, c.threads, [&](size_t i, unsigned per_file) {

@@ -199,6 +199,21 @@ TEST_F(CompressArchiveTest, ASkeletonHoldsThePlainBytesAndWindowsReadTheTensorsF
   EXPECT_FALSE(MappedFile::Open(dest).backed());
 }
 
+TEST_F(CompressArchiveTest, CopyingASkeletonFileCopiesItsTensorsNotItsHoles) {
+  std::string data = MixedFile(700000, 900000, 4);
+  Archive("mixed.bin", data);
+  auto s = ckz::Skeleton::Build(Path("mixed.bin.ckz"), Path("held.bin"), 2);
+  MappedFile m = MappedFile::Open(Path("held.bin"));
+  ASSERT_TRUE(m.backed());
+  {
+    AtomicOutput out = AtomicOutput::Create(Path("copy.bin"), m.size());
+    out.CopyFrom(m, 0, 0, 1000);  // the header and the first tensor bytes
+    out.CopyFrom(m, 1000, 1000, m.size() - 1000);
+    out.Commit();
+  }
+  EXPECT_EQ(Get(Path("copy.bin")), data);
+}
+
 TEST_F(CompressArchiveTest, ASkeletonRefusesADamagedTensorChunkWhenItIsRead) {
   std::string data = MixedFile(700000, 0, 3);
   std::string archive = Archive("f32.bin", data);

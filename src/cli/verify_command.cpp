@@ -32,8 +32,7 @@ struct VerifyCliOptions {
 int RunVerify(const VerifyCliOptions& o) {
   // Archives, files, ZeRO folders, DCP folders: the order the report lists them in.
   std::vector<Located> items = jobs::VerifyTargets(o.paths);
-  if (std::all_of(items.begin(), items.end(),
-                  [](const Located& l) { return l.kind == Container::kZero; })) {
+  if (items.empty()) {
     PrintError("no checkpoint files found in the given paths");
     return 1;
   }

@@ -217,6 +217,19 @@ class ZeroExportTest(CkptTestCase):
         self.assertIn("partition_count says 3 ranks but there are 2", r.stderr)
         self.assertFalse(os.path.exists(self.path("o2")) and os.listdir(self.path("o2")))
 
+    def test_a_tag_folder_without_rank_files_is_named_not_passed_over(self):
+        # What a crash before the first rank file was written leaves: `latest` names a tag
+        # folder that holds nothing. inspect and verify say what is missing, and fail.
+        root = self.path("empty-run")
+        os.makedirs(os.path.join(root, "global_step1"))
+        with open(os.path.join(root, "latest"), "w") as f:
+            f.write("global_step1")
+        for command in ("verify", "inspect"):
+            r = run(command, root, expect=1)
+            said = r.stdout + r.stderr  # verify's problem lines are its report (stdout)
+            self.assertIn("global_step1: no *_model_states.pt files", said, command)
+            self.assertNotIn("OK", said, command)
+
 
 if __name__ == "__main__":
     import unittest

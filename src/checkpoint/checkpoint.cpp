@@ -8,28 +8,11 @@ namespace ckpt {
 
 namespace {
 
-// The kinds: how each opens, and where inspect --json lists it. A new container is a value of
-// Container (its test in ContainerOf), a file implementing Checkpoint, and a line here.
-struct Kind {
-  Container kind;
-  std::unique_ptr<Checkpoint> (*open)(const std::string& path);
-  ReportSection section;
-};
-const Kind kKinds[] = {
-    {Container::kFile, &kinds::OpenFile, {"files", "path", true}},
-    {Container::kArchive, &kinds::OpenArchive, {"archives", "path", false}},
-    {Container::kZero, &kinds::OpenZero, {"zero", "folder", false}},
-    {Container::kDcp, &kinds::OpenDcp, {"dcp", "folder", false}},
-    // A model folder is described and verified by its files (Locate walks into them).
-    {Container::kModelFolder, &kinds::OpenFile, {"files", "path", true}},
-};
-
-const Kind& KindOf(Container c) {
-  for (const Kind& k : kKinds) {
-    if (k.kind == c) return k;
-  }
-  Fail("internal error: a kind of container without an implementation");
-}
+// Where inspect --json lists each kind, in this order.
+constexpr ReportSection kFiles{"files", "path", true};
+constexpr ReportSection kArchives{"archives", "path", false};
+constexpr ReportSection kZero{"zero", "folder", false};
+constexpr ReportSection kDcp{"dcp", "folder", false};
 
 }  // namespace
 
@@ -39,8 +22,23 @@ std::unique_ptr<OpenedCheckpoint> Checkpoint::OpenModel(const OpenOptions& o) co
   return OpenedCheckpoint::Open(path_, o);
 }
 
+// The kinds: a new container is a value of Container (its test in ContainerOf), a file
+// implementing Checkpoint, and a line in each switch below (-Wswitch, an error in CI, names
+// both).
 std::unique_ptr<Checkpoint> CheckpointAt(const Located& l) {
-  return KindOf(l.kind).open(l.path);
+  switch (l.kind) {
+    case Container::kFile:
+      return kinds::OpenFile(l.path);
+    case Container::kArchive:
+      return kinds::OpenArchive(l.path);
+    case Container::kZero:
+      return kinds::OpenZero(l.path);
+    case Container::kDcp:
+      return kinds::OpenDcp(l.path);
+    case Container::kModelFolder:  // described and verified by its files (Locate walks them)
+      return kinds::OpenFile(l.path);
+  }
+  Fail("{}: internal error: a kind of container without an implementation", l.path);
 }
 
 std::vector<std::unique_ptr<Checkpoint>> FindCheckpoints(const std::vector<std::string>& paths,
@@ -51,17 +49,22 @@ std::vector<std::unique_ptr<Checkpoint>> FindCheckpoints(const std::vector<std::
 }
 
 const ReportSection& SectionOf(Container kind) {
-  return KindOf(kind).section;
+  switch (kind) {
+    case Container::kFile:
+    case Container::kModelFolder:
+      return kFiles;
+    case Container::kArchive:
+      return kArchives;
+    case Container::kZero:
+      return kZero;
+    case Container::kDcp:
+      return kDcp;
+  }
+  Fail("internal error: a kind of container without a report section");
 }
 
 std::vector<const ReportSection*> ReportSections() {
-  std::vector<const ReportSection*> out;
-  for (const Kind& k : kKinds) {
-    bool seen = false;
-    for (const ReportSection* s : out) seen = seen || s->key == k.section.key;
-    if (!seen) out.push_back(&k.section);
-  }
-  return out;
+  return {&kFiles, &kArchives, &kZero, &kDcp};
 }
 
 }  // namespace ckpt

@@ -9,8 +9,8 @@
 //                           place (checkpoint/archive_view.h)
 //   zero_folder.cpp         a DeepSpeed ZeRO folder (or universal checkpoint) as one model
 //   dcp_folder.cpp          a torch.distributed.checkpoint folder
-// Each registers in one line of the table in checkpoint.cpp (docs/architecture.md: "Adding a
-// container").
+// Each registers in checkpoint.cpp: a line in CheckpointAt's switch and in SectionOf's (the
+// compiler names a kind missing from either; docs/architecture.md: "Where to add things").
 #pragma once
 
 #include <cstddef>

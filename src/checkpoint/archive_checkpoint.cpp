@@ -140,16 +140,26 @@ class ArchiveCheckpoint : public Checkpoint {
   Held Open(unsigned threads) const {
     Held h;
     h.view = ArchiveView::Open(path(), ReadOnlyTempParent(), threads);
-    std::vector<std::string> dcp;
-    auto named = [&](std::unique_ptr<Checkpoint> c) {
+    auto named = [&](const Located& l) {
+      std::unique_ptr<Checkpoint> c = CheckpointAt(l);
       c->set_name(path() + ": " + h.view->Relative(c->path()));
       return c;
     };
-    for (const std::string& f : h.view->Checkpoints(&dcp))
-      h.files.push_back(named(CheckpointAt({Container::kFile, f})));
-    for (const std::string& d : dcp) h.dcp.push_back(named(CheckpointAt({Container::kDcp, d})));
-    if (ContainerOf(h.view->root()) == Container::kZero)
-      h.zero = named(CheckpointAt({Container::kZero, h.view->root()}));
+    for (const Located& l : h.view->Checkpoints()) {
+      switch (l.kind) {
+        case Container::kZero:
+          h.zero = named(l);
+          break;
+        case Container::kDcp:
+          h.dcp.push_back(named(l));
+          break;
+        case Container::kFile:
+        case Container::kModelFolder:
+        case Container::kArchive:  // an archive inside an archive is only a file here
+          h.files.push_back(named({Container::kFile, l.path}));
+          break;
+      }
+    }
     return h;
   }
 

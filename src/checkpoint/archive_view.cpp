@@ -55,14 +55,13 @@ std::string ArchiveView::Rename(std::string text, const std::string& prefix) con
   return text;
 }
 
-std::vector<std::string> ArchiveView::Checkpoints(std::vector<std::string>* dcp) const {
+std::vector<Located> ArchiveView::Checkpoints() const {
   std::error_code ec;
   if (fs::is_regular_file(root(), ec)) {
     MappedFile m = MappedFile::Open(root());
     if (!DetectFormat(m.bytes())) return {};
-    return {root()};
   }
-  return ExpandInputs({root()}, nullptr, dcp);
+  return Locate({root()});
 }
 
 std::string ReadOnlyTempParent() {

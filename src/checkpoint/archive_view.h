@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/discovery.h"
 #include "compress/skeleton.h"
 #include "io/folders.h"
 
@@ -33,9 +34,10 @@ class ArchiveView {
   // `text` (an error message) with the temp folder's prefix of every path in it replaced by
   // `prefix` ("model.pt.ckz: " gives "model.pt.ckz: model.pt"; "" leaves the path inside).
   std::string Rename(std::string text, const std::string& prefix) const;
-  // The checkpoints held, by content (checkpoint/discovery.h): files, and DCP folders into `dcp`.
-  // An archive of a file that is no checkpoint holds none.
-  std::vector<std::string> Checkpoints(std::vector<std::string>* dcp) const;
+  // The checkpoints held, as discovery finds them in what the archive restores to
+  // (checkpoint/discovery.h's Locate: files, a ZeRO folder, DCP folders). An archive of a file
+  // that is no checkpoint holds none.
+  std::vector<Located> Checkpoints() const;
 
  private:
   ArchiveView() = default;

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/opened_checkpoint.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -62,6 +63,10 @@ TEST(CheckpointKinds, AFileDescribesItselfUnderItsNameAndVerifiesClean) {
   VerifyOutcome v = c->Verify(1, {}, true);
   EXPECT_TRUE(v.problems.empty());
   EXPECT_NE(v.ok.find(": OK ("), std::string::npos) << v.ok;
+  // Its logical model: the tensors the file means.
+  std::unique_ptr<OpenedCheckpoint> m = c->OpenModel({});
+  EXPECT_FALSE(m->model().tensors.empty());
+  EXPECT_EQ(m->path(), c->path());
 }
 
 }  // namespace

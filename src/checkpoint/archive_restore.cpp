@@ -38,22 +38,24 @@ mode_t RestoredMode(const Entry& e) {
   return static_cast<mode_t>(e.mode & ~(S_ISUID | S_ISGID));
 }
 
-void CheckFileCrcs(const ckz::Archive& a, const std::vector<uint32_t>& chunk_crcs) {
-  const Index& index = a.index();
-  for (const Entry& e : index.entries) {
-    if (e.type != EntryType::kFile || e.chunk_count == 0) {
-      if (e.type == EntryType::kFile && e.crc != 0)
-        Fail("{}: {}: the empty file's checksum is not 0: the archive is damaged", a.name(),
-             e.path);
-      continue;
-    }
-    uint32_t crc = 0;
-    for (uint64_t k = e.first_chunk; k < e.first_chunk + e.chunk_count; ++k) {
-      crc = k == e.first_chunk ? chunk_crcs[k]
-                               : Crc32Combine(crc, chunk_crcs[k], index.chunks[k].length);
-    }
-    if (crc != e.crc)
-      Fail("{}: {}: the file's checksum does not match: the archive is damaged", a.name(), e.path);
+// What is wrong with the checksum of the whole file `e` holds, which its chunks' checksums make
+// (each chunk's is checked when it is decoded): "" when nothing is.
+std::string FileChecksumProblem(const Index& index, const Entry& e) {
+  if (e.chunk_count == 0) return e.crc == 0 ? "" : "the empty file's checksum is not 0";
+  uint32_t crc = 0;
+  for (uint64_t k = e.first_chunk; k < e.first_chunk + e.chunk_count; ++k) {
+    const Chunk& ch = index.chunks[k];
+    crc = k == e.first_chunk ? ch.crc : Crc32Combine(crc, ch.crc, ch.length);
+  }
+  return crc == e.crc ? "" : "the file's checksum does not match";
+}
+
+// Every file's checksum, once every chunk was decoded and checked.
+void CheckFileCrcs(const ckz::Archive& a) {
+  for (const Entry& e : a.index().entries) {
+    if (e.type != EntryType::kFile) continue;
+    std::string problem = FileChecksumProblem(a.index(), e);
+    if (!problem.empty()) Fail("{}: {}: {}: the archive is damaged", a.name(), e.path, problem);
   }
 }
 
@@ -65,16 +67,14 @@ void RestoreFile(const ckz::Archive& a, const RestoreOptions& o, const std::stri
   if (!force) CheckOutputFree(dest, false);
   AtomicOutput out = AtomicOutput::Create(dest, e.size);
   if (!a.map().path().empty()) out.RequireUnchanged(a.map());
-  std::vector<uint32_t> crcs(index.chunks.size());
   ckz::DecodeLoop loop;
   loop.use = [&](size_t k, Bytes bytes) {
     const Chunk& ch = index.chunks[k];
-    crcs[k] = ch.crc;  // checked by the decode
     out.Write(ch.offset, bytes);
     if (o.bytes_done) *o.bytes_done += ch.length;
   };
   ckz::DecodeChunks(a, 0, index.chunks.size(), o.threads, loop);
-  CheckFileCrcs(a, crcs);
+  CheckFileCrcs(a);
   out.SetMode(RestoredMode(e), ::geteuid(), ::getegid());
   struct timespec times[2] = {{0, UTIME_OMIT}, ToTimespec(e.mtime_ns)};
   if (::futimens(out.fd(), times) != 0) FailErrno(dest, "cannot set the modification time");
@@ -88,7 +88,6 @@ void StreamFile(const ckz::Archive& a, int fd, const RestoreOptions& o) {
   size_t window = threads * kSlotsPerThread;
   std::vector<std::vector<uint8_t>> slots(window);
   StreamSink sink(fd, fd == STDOUT_FILENO ? "stdout" : "the output");
-  uint32_t crc = 0;
   uint64_t pos = 0;
   ckz::OrderedPipeline(
       index.chunks.size(), threads, window,
@@ -99,14 +98,11 @@ void StreamFile(const ckz::Archive& a, int fd, const RestoreOptions& o) {
       },
       [&](size_t k, size_t slot) {
         const Chunk& ch = index.chunks[k];
-        crc = k == 0 ? ch.crc : Crc32Combine(crc, ch.crc, ch.length);
         sink.Write(pos, {slots[slot].data(), ch.length});
         pos += ch.length;
         if (o.bytes_done) *o.bytes_done += ch.length;
       });
-  if (crc != index.entries[0].crc)
-    Fail("{}: {}: the file's checksum does not match: the archive is damaged", a.name(),
-         index.entries[0].path);
+  CheckFileCrcs(a);
 }
 
 // A file being restored inside the temp folder: opened by the first chunk that needs it,
@@ -156,14 +152,12 @@ void RestoreFolder(const ckz::Archive& a, const RestoreOptions& o, const std::st
       ::close(fd);
     }
   }
-  std::vector<uint32_t> crcs(index.chunks.size());
   try {
     ckz::DecodeLoop loop;
     loop.use = [&](size_t k, Bytes bytes) {
       const Chunk& ch = index.chunks[k];
       const Entry& e = index.entries[ch.file];
       OpenFile& f = *files[ch.file];
-      crcs[k] = ch.crc;
       int fd;
       {
         std::lock_guard<std::mutex> lock(f.mu);
@@ -188,7 +182,7 @@ void RestoreFolder(const ckz::Archive& a, const RestoreOptions& o, const std::st
       if (f && f->fd >= 0) ::close(f->fd);
     throw;
   }
-  CheckFileCrcs(a, crcs);
+  CheckFileCrcs(a);
   for (const Entry& e : index.entries) {
     if (e.type != EntryType::kSymlink) continue;
     if (::symlink(e.target.c_str(), at(e).c_str()) != 0)
@@ -262,15 +256,11 @@ ArchiveVerifyResult VerifyArchive(const ckz::Archive& a, unsigned threads) {
       r.bytes += index.chunks[k].length;
     }
   }
-  std::vector<uint32_t> crcs(index.chunks.size());
-  for (size_t k = 0; k < crcs.size(); ++k) crcs[k] = index.chunks[k].crc;
   for (size_t i = 0; i < index.entries.size(); ++i) {
     const Entry& e = index.entries[i];
-    if (e.type != EntryType::kFile || bad_file[i] || e.chunk_count == 0) continue;
-    uint32_t crc = 0;
-    for (uint64_t k = e.first_chunk; k < e.first_chunk + e.chunk_count; ++k)
-      crc = k == e.first_chunk ? crcs[k] : Crc32Combine(crc, crcs[k], index.chunks[k].length);
-    if (crc != e.crc) r.problems.push_back({e.path, "the file's checksum does not match"});
+    if (e.type != EntryType::kFile || bad_file[i]) continue;
+    std::string problem = FileChecksumProblem(index, e);
+    if (!problem.empty()) r.problems.push_back({e.path, problem});
   }
   return r;
 }

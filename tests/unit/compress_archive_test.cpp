@@ -199,6 +199,28 @@ TEST_F(CompressArchiveTest, ASkeletonHoldsThePlainBytesAndWindowsReadTheTensorsF
   EXPECT_FALSE(MappedFile::Open(dest).backed());
 }
 
+TEST_F(CompressArchiveTest, AnEmptyFileWhoseChecksumIsNotZeroIsDamageToVerifyAndDecompress) {
+  std::string archive = Archive("notes.txt", "");  // (an empty .bin would be a cut checkpoint)
+  ckz::Index index = RawIndex(archive);
+  ASSERT_EQ(index.entries[0].chunk_count, 0u);
+  index.entries[0].crc = 1;
+  Put(Path("bad.ckz"), Reseal(archive, index));
+  // verify says what decompress refuses, in the same words.
+  ArchiveVerifyResult v = VerifyArchive(ckz::Archive::Open(Path("bad.ckz")), 1);
+  ASSERT_EQ(v.problems.size(), 1u);
+  EXPECT_EQ(v.problems[0].what, "the empty file's checksum is not 0");
+  DecompressOptions d;
+  d.output = Path("restored.bin");
+  try {
+    DecompressArchive(Path("bad.ckz"), d);
+    ADD_FAILURE() << "restored a damaged archive";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the empty file's checksum is not 0"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(Path("restored.bin")));
+}
+
 TEST_F(CompressArchiveTest, CopyingASkeletonFileCopiesItsTensorsNotItsHoles) {
   std::string data = MixedFile(700000, 900000, 4);
   Archive("mixed.bin", data);

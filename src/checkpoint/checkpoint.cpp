@@ -1,5 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
+#include <filesystem>
+
 #include "base/error.h"
 #include "checkpoint/checkpoint_kinds.h"
 #include "checkpoint/opened_checkpoint.h"
@@ -17,6 +19,17 @@ constexpr ReportSection kDcp{"dcp", "folder", false};
 }  // namespace
 
 void Checkpoint::Prepare(const DescribeOptions&) {}
+
+void ReportCache::Put(const std::string& path, FileReport report) {
+  reports_.insert_or_assign(std::filesystem::path(path).lexically_normal().string(),
+                            std::move(report));
+}
+
+std::optional<FileReport> ReportCache::Take(const std::string& path) {
+  auto node = reports_.extract(std::filesystem::path(path).lexically_normal().string());
+  if (node.empty()) return std::nullopt;
+  return std::move(node.mapped());
+}
 
 std::unique_ptr<OpenedCheckpoint> Checkpoint::OpenModel(const OpenOptions& o) const {
   return OpenedCheckpoint::Open(path_, o);

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -35,8 +36,13 @@ struct OpenOptions;
 // Reports of checkpoint files another checkpoint's reading already made (a ZeRO folder parses
 // its rank files), by lexically normal path: a file's description takes its report (and drops
 // it) instead of parsing the file again.
-struct ReportCache {
-  std::unordered_map<std::string, FileReport> reports;
+class ReportCache {
+ public:
+  void Put(const std::string& path, FileReport report);
+  std::optional<FileReport> Take(const std::string& path);
+
+ private:
+  std::unordered_map<std::string, FileReport> reports_;
 };
 
 struct DescribeOptions {

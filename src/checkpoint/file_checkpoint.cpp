@@ -1,7 +1,7 @@
 // A torch file (zip or legacy) or a safetensors file (file/checkpoint_file.h).
 #include <fmt/format.h>
 
-#include <filesystem>
+#include <optional>
 
 #include "base/human.h"
 #include "checkpoint/checkpoint.h"
@@ -45,16 +45,8 @@ class FileCheckpoint : public Checkpoint {
   // The report of the file (the largest `rows` tensor rows), or the one another checkpoint's
   // reading made of it.
   FileReport Report(const DescribeOptions& o, size_t rows) const {
-    FileReport r;
-    auto it = o.cache
-                  ? o.cache->reports.find(std::filesystem::path(path()).lexically_normal().string())
-                  : decltype(o.cache->reports)::iterator{};
-    if (o.cache && it != o.cache->reports.end()) {
-      r = std::move(it->second);
-      o.cache->reports.erase(it);
-    } else {
-      r = BuildReport(OpenCheckpoint(path()), rows, o.trust);
-    }
+    std::optional<FileReport> cached = o.cache ? o.cache->Take(path()) : std::nullopt;
+    FileReport r = cached ? std::move(*cached) : BuildReport(OpenCheckpoint(path()), rows, o.trust);
     r.path = name();
     return r;
   }

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/discovery.h"
 #include "file/checkpoint_file.h"
 #include "torch/global_policy.h"
 #include "torch/model.h"

@@ -4,7 +4,6 @@
 // of the folder gives their reports (ReportCache), so that inspect parses each once.
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <optional>
 
 #include "base/error.h"
@@ -29,9 +28,7 @@ class ZeroFolder : public Checkpoint {
           deepspeed::OpenZeroCheckpoint(path(), "", [&](const CheckpointFile& f) {
             if (!o.cache) return;
             try {
-              o.cache->reports.insert_or_assign(
-                  std::filesystem::path(f.path).lexically_normal().string(),
-                  BuildReport(f, o.top, o.trust));
+              o.cache->Put(f.path, BuildReport(f, o.top, o.trust));
             } catch (const Error&) {
               // Described (with its error) when the file is read on its own.
             }

@@ -17,17 +17,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "base/json_stream.h"
 #include "checkpoint/archive_restore.h"
 #include "compress/archive.h"
 #include "compress/chunk_coder.h"
-#include "torch/model.h"
 
 namespace ckpt {
 

@@ -22,6 +22,13 @@ class InputChanged : public Error {
   using Error::Error;
 };
 
+// A job asked for something it cannot do as asked (no inputs, one output named for several):
+// the command line's usage error, exit code 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 template <typename... Args>
 [[noreturn]] void Fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));

@@ -151,4 +151,11 @@ std::vector<std::string> ModelFilesIn(const std::string& folder, bool all) {
   return found;
 }
 
+bool IsSafetensorsModelFolder(const std::string& path) {
+  if (ContainerOf(path) != Container::kModelFolder) return false;
+  std::vector<std::string> files = ModelFilesIn(path, false);
+  return std::all_of(files.begin(), files.end(),
+                     [](const std::string& f) { return FileKindOf(f) == FileKind::kSafetensors; });
+}
+
 }  // namespace ckpt

@@ -54,4 +54,7 @@ std::optional<FileKind> FileKindOf(const std::string& path);
 // Sorted. Throws ckpt::Error when there are none.
 std::vector<std::string> ModelFilesIn(const std::string& folder, bool all);
 
+// Is `path` a model folder whose model files (ModelFilesIn) are all safetensors?
+bool IsSafetensorsModelFolder(const std::string& path);
+
 }  // namespace ckpt

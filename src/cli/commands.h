@@ -55,4 +55,9 @@ void PrintError(const std::string& message);
 // Prints "ckptool: warning: <message>" to stderr.
 void PrintWarning(const std::string& message);
 
+// For one file of a job: when `error` is set, prints it and adds {path, error} to the JSON
+// report's file list; true when the file failed.
+bool ReportFailure(const std::string& path, const std::string& error, bool json,
+                   nlohmann::ordered_json& json_files);
+
 }  // namespace ckpt::cli

@@ -12,13 +12,13 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/utf8.h"
-#include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cluster/world.h"
 #include "compress/archive.h"
 #include "engines/compress.h"
 #include "io/parallel.h"
+#include "jobs/batch.h"
 #include "jobs/result_json.h"
 
 namespace ckpt::cli {
@@ -54,7 +54,7 @@ void Say(bool to_stderr, const std::string& line) {
 // process as soon as each is done, an MPI job once every rank's results are in. Returns false
 // on the other ranks, which have nothing to print.
 template <typename R>
-bool RunPaths(const std::vector<std::string>& paths, Spread& spread, const char* label,
+bool RunPaths(const std::vector<std::string>& paths, jobs::Spread& spread, const char* label,
               uint64_t total, bool progress_on, std::vector<R>& results, int& rc,
               nlohmann::ordered_json& doc, bool json,
               const std::function<R(size_t, std::atomic<uint64_t>*)>& work,
@@ -64,7 +64,7 @@ bool RunPaths(const std::vector<std::string>& paths, Spread& spread, const char*
   auto report = [&](size_t i) {
     if (!errors[i].empty()) {
       rc = 1;
-      PrintError(NamingFile(paths[i], errors[i]));
+      PrintError(jobs::NamingFile(paths[i], errors[i]));
       if (json) doc["files"].push_back({{"input", paths[i]}, {"error", errors[i]}});
       return;
     }
@@ -141,12 +141,12 @@ int RunCompress(const CompressCliOptions& o) {
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const std::string& p : o.paths) {
-    sizes.push_back(TreeBytes(p));
+    sizes.push_back(jobs::TreeBytes(p));
     total += sizes.back();
   }
   // In an MPI job each rank compresses its share of the paths, one at a time with every
   // thread; rank 0 reports.
-  Spread spread(o.paths, sizes);
+  jobs::Spread spread(o.paths, sizes);
   std::vector<CompressResult> results(o.paths.size());
   int rc = 0;
   nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
@@ -206,8 +206,8 @@ int RunDecompress(const DecompressCliOptions& o) {
   d.remove_input = o.remove_input;
   d.dry_run = o.dry_run;
   std::vector<uint64_t> sizes;
-  for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
-  Spread spread(o.paths, sizes);
+  for (const std::string& p : o.paths) sizes.push_back(jobs::TreeBytes(p));
+  jobs::Spread spread(o.paths, sizes);
   uint64_t total = 0;
   bool progress_on = ProgressWanted(!o.json && !o.quiet) && !cluster::Distributed();
   for (size_t i : spread.mine()) {

@@ -23,6 +23,13 @@ bool ProgressWanted(bool text_output) {
   return t_observer || (text_output && !Capturing() && ::isatty(STDERR_FILENO) == 1);
 }
 
+jobs::ProgressShown ProgressFor(bool text_output) {
+  if (!ProgressWanted(text_output)) return {};
+  return [](const std::string& label, uint64_t total) -> std::unique_ptr<jobs::ProgressMeter> {
+    return std::make_unique<Progress>(label, total, true);
+  };
+}
+
 void ClearProgressLine() {
   if (!t_observer && !Capturing()) std::fputs("\r\033[K", stderr);
 }

@@ -69,6 +69,14 @@ void PrintWarning(const std::string& message) {
   SayWarning(message);
 }
 
+bool ReportFailure(const std::string& path, const std::string& error, bool json,
+                   nlohmann::ordered_json& json_files) {
+  if (error.empty()) return false;
+  PrintError(error);
+  if (json) json_files.push_back({{"path", path}, {"error", error}});
+  return true;
+}
+
 }  // namespace ckpt::cli
 
 namespace ckpt::cli {
@@ -275,6 +283,9 @@ int RunCommandLine(int argc, char** argv) {
     return s.rc;  // every rank stopped at the same step; rank 0 said why
   } catch (const ckpt::Interrupted&) {
     return 130;  // a job run in-process, stopped by its caller: every temp output is gone
+  } catch (const ckpt::UsageError& e) {
+    ckpt::cli::PrintError(e.what());
+    return 2;
   } catch (const ckpt::Error& e) {
     ckpt::cli::PrintError(e.what());
     return 1;

@@ -9,10 +9,10 @@
 #include "base/utf8.h"
 #include "checkpoint/discovery.h"
 #include "checkpoint/verify.h"
-#include "cli/batch.h"
 #include "cli/commands.h"
 #include "cluster/world.h"
 #include "io/parallel.h"
+#include "jobs/batch.h"
 #include "jobs/result_json.h"
 #include "jobs/verify.h"
 
@@ -40,10 +40,10 @@ int RunVerify(const VerifyCliOptions& o) {
   std::vector<uint64_t> bytes;
   for (const Located& it : items) {
     keys.push_back(it.path);
-    bytes.push_back(TreeBytes(it.path));
+    bytes.push_back(jobs::TreeBytes(it.path));
   }
   // Each rank verifies its share one checkpoint at a time, each with every thread.
-  Spread spread(keys, bytes);
+  jobs::Spread spread(keys, bytes);
   std::vector<jobs::CheckpointVerdict> found(items.size());
   std::vector<std::string> errors(items.size());
   size_t bad = 0, problems = 0;

@@ -32,6 +32,10 @@
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
+#include "jobs/convert.h"
+#include "jobs/export.h"
+#include "jobs/shrink.h"
+#include "jobs/strip.h"
 #include "jobs/verify.h"
 #include "policy/completeness.h"
 #include "policy/ledger.h"
@@ -141,89 +145,88 @@ void ForFiles(const std::vector<std::string>& files, unsigned threads, Fn&& fn) 
 }
 
 StepOutcome RunShrink(const StepContext& c) {
+  // The shrink job as `ckptool shrink --checkpoint_dir` runs it, in place, without the
+  // policy's own outputs inside the checkpoint.
   const policy::ShrinkStep& s = *c.p.shrink;
-  std::vector<std::string> files;
-  for (const std::string& f : CheckpointFiles(c, nullptr)) {
-    if (!s.patterns.empty() && !MatchesAnyGlob(s.patterns, fs::path(f).filename().string()))
-      continue;
-    if (Shrinkable(f)) files.push_back(f);
+  jobs::ShrinkJobOptions jo;
+  jo.engine.dry_run = c.dry_run;
+  jo.engine.allow_unsafe_globals = s.allow_unsafe_globals;
+  jo.engine.trust.patterns = c.p.trust;
+  jo.engine.materialize = s.materialize;
+  jo.patterns = s.patterns;
+  jo.skip = [&](const std::string& f) { return Under(f, c.outputs_inside); };
+  if (c.e.folder) {
+    jo.checkpoint_dir = c.e.path;
+  } else if (MatchesAnyGlob(s.patterns.empty() ? std::vector<std::string>{"*"} : s.patterns,
+                            fs::path(c.e.path).filename().string()) &&
+             Shrinkable(c.e.path)) {
+    jo.files = {c.e.path};
   }
-  std::vector<ShrinkResult> results(files.size());
-  ForFiles(files, c.threads, [&](size_t i, unsigned per_file) {
-    ShrinkOptions so;
-    so.dry_run = c.dry_run;
-    so.threads = per_file;
-    so.allow_unsafe_globals = s.allow_unsafe_globals;
-    so.trust.patterns = c.p.trust;
-    so.materialize = s.materialize;
-    results[i] = ShrinkFile(files[i], so);
-  });
+  jo.check_dcp_folders = false;  // [verify] checks them
+  jo.threads = c.threads;
+  jo.spread = false;  // apply runs on one rank
   StepOutcome o;
-  size_t rewritten = 0;
-  for (const ShrinkResult& r : results) {
-    o.before += r.before;
-    o.after += std::min(r.before, r.after);
-    if (r.rewritten || (c.dry_run && r.after < r.before)) ++rewritten;
+  if (jo.files.empty() && jo.checkpoint_dir.empty()) {
+    o.message = "no torch files to shrink";
+    return o;
   }
-  o.message = files.empty() ? "no torch files to shrink"
-              : rewritten
-                  ? fmt::format("{} of {} {}: {} -> {}", rewritten, Count(files.size(), "file"),
-                                c.dry_run ? "would be rewritten" : "rewritten",
-                                HumanBytes(o.before), HumanBytes(o.after))
-                  : fmt::format("{}, nothing to drop", Count(files.size(), "file"));
+  jobs::ShrinkReport r = jobs::Shrink(jo);
+  size_t rewritten = 0;
+  for (const jobs::ShrunkFile& f : r.files) {
+    if (!f.error.empty()) Fail("{}", f.error);
+    o.before += f.result.before;
+    o.after += std::min(f.result.before, f.result.after);
+    if (f.result.rewritten || (c.dry_run && f.result.after < f.result.before)) ++rewritten;
+  }
+  const size_t files = r.files.size();
+  o.message = files == 0  ? "no torch files to shrink"
+              : rewritten ? fmt::format("{} of {} {}: {} -> {}", rewritten, Count(files, "file"),
+                                        c.dry_run ? "would be rewritten" : "rewritten",
+                                        HumanBytes(o.before), HumanBytes(o.after))
+                          : fmt::format("{}, nothing to drop", Count(files, "file"));
   return o;
 }
 
 StepOutcome RunStrip(const StepContext& c) {
+  // The strip job as `ckptool strip [--delete-files] CHECKPOINT` runs it, in place, without
+  // the policy's own outputs inside the checkpoint.
   const policy::StripStep& s = *c.p.strip;
-  StripTargets t = CollectStripTargets({c.e.path});
-  std::erase_if(t.files, [&](const std::string& f) { return Under(f, c.outputs_inside); });
-  std::erase_if(t.dcp_folders, [&](const std::string& f) { return Under(f, c.outputs_inside); });
-  std::erase_if(t.training_files, [&](const std::string& f) { return Under(f, c.outputs_inside); });
-  StripOptions so;
-  so.drop = s.drop;
-  so.keep = s.keep;
-  so.dry_run = c.dry_run;
-  so.allow_unsafe_globals = s.allow_unsafe_globals;
-  so.trust.patterns = c.p.trust;
-  std::vector<StripResult> results(t.files.size());
-  ForFiles(t.files, c.threads, [&](size_t i, unsigned per_file) {
-    StripOptions fo = so;
-    fo.threads = per_file;
-    results[i] = StripFile(t.files[i], fo);
-  });
-  for (const std::string& folder : t.dcp_folders) {
-    StripOptions fo = so;
-    fo.threads = c.threads;
-    results.push_back(WithContext(folder, [&] { return StripDcp(folder, fo); }));
-  }
+  jobs::StripJobOptions jo;
+  jo.engine.drop = s.drop;
+  jo.engine.keep = s.keep;
+  jo.engine.dry_run = c.dry_run;
+  jo.engine.allow_unsafe_globals = s.allow_unsafe_globals;
+  jo.engine.trust.patterns = c.p.trust;
+  jo.paths = {c.e.path};
+  jo.delete_files = s.delete_files;
+  jo.skip = [&](const std::string& f) { return Under(f, c.outputs_inside); };
+  jo.threads = c.threads;
+  jo.spread = false;  // apply runs on one rank
+  jobs::StripReport r = jobs::Strip(jo);
   StepOutcome o;
   size_t dropped = 0;
-  for (const StripResult& r : results) {
-    o.before += r.before;
-    o.after += std::min(r.before, r.after);
-    dropped += r.dropped.size();
+  for (const jobs::StrippedFile& f : r.files) {
+    if (!f.error.empty()) Fail("{}", f.error);
+    o.before += f.result.before;
+    o.after += std::min(f.result.before, f.result.after);
+    dropped += f.result.dropped.size();
   }
   uint64_t training = 0;
   if (s.delete_files) {
-    for (const std::string& f : t.training_files) {
-      uint64_t size = FileSize(f);
-      if (!c.dry_run) {
-        std::error_code ec;
-        if (!RemoveOutputFile(f, ec))
-          Fail("{}: could not delete this training-only file: {}", f, ec.message());
-      }
-      training += size;
-      o.before += size;
+    for (const jobs::TrainingFile& t : r.training_files) {
+      if (!t.error.empty())
+        Fail("{}: could not delete this training-only file: {}", t.path, t.error);
+      training += t.bytes;
+      o.before += t.bytes;
     }
   }
   std::string files_part =
-      s.delete_files && !t.training_files.empty()
-          ? fmt::format("; {} {} ({})", Count(t.training_files.size(), "training-only file"),
+      s.delete_files && !r.training_files.empty()
+          ? fmt::format("; {} {} ({})", Count(r.training_files.size(), "training-only file"),
                         c.dry_run ? "would be deleted" : "deleted", HumanBytes(training))
           : "";
   o.message = fmt::format("{} {} from {}{}: {} -> {}", Count(dropped, "entry"),
-                          c.dry_run ? "would be dropped" : "dropped", Count(results.size(), "file"),
+                          c.dry_run ? "would be dropped" : "dropped", Count(r.files.size(), "file"),
                           files_part, HumanBytes(o.before), HumanBytes(o.after));
   return o;
 }
@@ -304,106 +307,80 @@ StepOutcome RunConvert(const StepContext& c) {
   }
   std::string out_rel = ConvertOutput(c.p, c.e);
   std::string out = Abs(c.root, out_rel);
-  // A folder's copy goes to <folder>/<dtype>/; a file's to ROOT/<dtype>/<file>, as
-  // `ckptool convert` does for the folder holding it.
-  std::string out_dir = c.e.folder ? out : fs::path(out).parent_path().string();
-  ConvertTree tree = PlanConvertTree({c.e.path}, out_dir, "", s.dtype_name, c.replace_outputs);
-  auto training = [&](const PathPair& j) {
-    return !s.training_files && IsTrainingOnlyFile(j.input);
-  };
-  std::erase_if(tree.checkpoints, training);
-  std::erase_if(tree.copies, training);
-  if (tree.checkpoints.empty()) Fail("no checkpoint files to convert at its top level");
+  // The convert job as `ckptool convert` runs it. A folder's copy goes to <folder>/<dtype>/;
+  // a file's to ROOT/<dtype>/<file>, as the command does for the folder holding it.
+  jobs::ConvertJobOptions jo;
+  jo.engine = co;
+  jo.dtype = s.dtype_name;
+  jo.output_dir = c.e.folder ? out : fs::path(out).parent_path().string();
+  jo.force = c.replace_outputs;
+  jo.leave_out_training_files = !s.training_files;
+  jo.threads = c.threads;
+  jo.spread = false;  // apply runs on one rank
   o.outputs.push_back(out_rel);
   if (c.dry_run) {
+    ConvertTree tree = jobs::PlanConvert({c.e.path}, jo);
     o.message = fmt::format("would write a {} copy of {} to {}", s.dtype_name,
                             Count(tree.checkpoints.size() + tree.copies.size(), "file"), out_rel);
     return o;
   }
-  fs::create_directories(out_dir);
-  std::vector<std::string> inputs;
-  for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
-  std::vector<ConvertResult> results(inputs.size());
-  ForFiles(inputs, c.threads, [&](size_t i, unsigned per_file) {
-    ConvertOptions fo = co;
-    fo.threads = per_file;
-    results[i] = ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, fo);
-  });
-  std::map<std::string, uint64_t> storage_bytes;
+  jobs::ConvertReport r = jobs::Convert({c.e.path}, jo);
+  for (const jobs::ConvertedFile& f : r.files) {
+    if (!f.error.empty()) Fail("{}", f.error);
+  }
+  for (const auto* carried : {&r.copies, &r.indexes}) {
+    for (const jobs::CarriedFile& f : *carried) {
+      if (!f.error.empty()) Fail("{}", f.error);
+      o.written += FileSize(f.files.output);
+    }
+  }
   uint64_t converted = 0;
-  for (const ConvertResult& r : results) {
-    storage_bytes[fs::path(r.output).filename().string()] = r.storage_bytes;
-    o.written += r.after;
-    converted += r.converted;
-    for (const std::string& w : r.warnings) o.warnings.push_back(r.path + ": " + w);
-  }
-  for (const PathPair& j : tree.copies) {
-    CopyFile(j, s.dtype_name);
-    o.written += FileSize(j.output);
-  }
-  for (const PathPair& j : tree.indexes) {
-    RewriteIndex(j, storage_bytes);
-    o.written += FileSize(j.output);
+  for (const jobs::ConvertedFile& f : r.files) {
+    o.written += f.result.after;
+    converted += f.result.converted;
+    for (const std::string& w : f.result.warnings) o.warnings.push_back(f.result.path + ": " + w);
   }
   o.message = fmt::format("{} copy in {}: {} ({} converted, {}), {}", s.dtype_name, out_rel,
-                          Count(results.size(), "file"), Count(converted, "tensor"),
-                          Count(tree.copies.size(), "other file"), HumanBytes(o.written));
+                          Count(r.files.size(), "file"), Count(converted, "tensor"),
+                          Count(r.copies.size(), "other file"), HumanBytes(o.written));
   return o;
 }
 
 StepOutcome RunExport(const StepContext& c) {
+  // The export job as `ckptool export CHECKPOINT --to OUT --force` runs it: a file, a model
+  // folder's model files, a ZeRO or DCP folder consolidated; a model that is safetensors
+  // already is not exported again.
   const policy::ExportStep& s = *c.p.export_;
   StepOutcome o;
   std::string out_rel = ExportOutput(c.p, c.e);
-  std::string out = Abs(c.root, out_rel);
-  std::vector<std::string> sources;
-  if (ContainerOf(c.e.path) != Container::kModelFolder) {  // a file, ZeRO or DCP folder
-    sources.push_back(c.e.path);
-  } else {
-    // The model files at the folder's top level: torch files that are not training-only.
-    bool safetensors = false;
-    std::vector<fs::path> top;
-    for (const auto& d : fs::directory_iterator(c.e.path)) {
-      if (d.is_regular_file() && !d.is_symlink()) top.push_back(d.path());
-    }
-    std::sort(top.begin(), top.end());
-    for (const fs::path& f : top) {
-      if (IsTrainingOnlyFile(f.string()) || f.filename() == "training_args.bin") continue;
-      std::optional<FileKind> kind = FileKindOf(f.string());
-      if (kind == FileKind::kSafetensors) safetensors = true;
-      if (kind == FileKind::kTorch) sources.push_back(f.string());
-    }
-    if (sources.empty() && safetensors) {
-      o.message = "the model is already safetensors: nothing to export";
-      return o;
-    }
-    if (sources.empty()) Fail("no model files to export at its top level");
-  }
-  o.outputs.push_back(out_rel);
+  jobs::ExportJobOptions jo;
+  jo.engine.select = s.select;
+  jo.engine.to = kernels::ParseHalf(s.dtype);
+  jo.engine.max_shard_size = s.max_shard_size;
+  jo.engine.threads = c.threads;
+  jo.engine.exclude_frozen = s.exclude_frozen;
+  jo.engine.dry_run = c.dry_run;
+  jo.sources = {c.e.path};
+  jo.to = Abs(c.root, out_rel);
+  jo.force = c.replace_outputs;  // a new set replaces the old as a whole
+  jo.spread = false;             // apply runs on one rank
+  jo.skip_safetensors_model = true;
   if (c.dry_run) {
+    o.outputs.push_back(out_rel);
     o.message = fmt::format("would export to {}", out_rel);
     return o;
   }
-  ExportOptions eo;
-  eo.select = s.select;
-  eo.to = kernels::ParseHalf(s.dtype);
-  eo.max_shard_size = s.max_shard_size;
-  eo.threads = c.threads;
-  eo.exclude_frozen = s.exclude_frozen;
-  OutputPlace place(out, c.replace_outputs);  // a new set replaces the old as a whole
-  ExportResult r;
-  try {
-    r = Export(sources, place.write_to(), eo);
-  } catch (const Error& e) {
-    if (place.Unmasked(e.what()) == e.what()) throw;
-    throw Error(place.Unmasked(e.what()));
+  jobs::ExportReport r = jobs::Export(jo);
+  if (r.already_safetensors) {
+    o.message = "the model is already safetensors: nothing to export";
+    return o;
   }
-  r.files = place.Commit(r.files);
-  for (const std::string& f : r.files) o.written += FileSize(f);
-  o.warnings = r.warnings;
-  o.message =
-      fmt::format("{} ({}) to {}{}", Count(r.tensors, "tensor"), HumanBytes(r.bytes), out_rel,
-                  r.aliases ? fmt::format(", {} tied names as aliases", r.aliases) : "");
+  o.outputs.push_back(out_rel);
+  for (const std::string& f : r.result.files) o.written += FileSize(f);
+  o.warnings = r.result.warnings;
+  o.message = fmt::format(
+      "{} ({}) to {}{}", Count(r.result.tensors, "tensor"), HumanBytes(r.result.bytes), out_rel,
+      r.result.aliases ? fmt::format(", {} tied names as aliases", r.result.aliases) : "");
   return o;
 }
 

@@ -1,4 +1,4 @@
-// .ckz archives given to a rewriting command (convert, strip): each is restored bit for bit
+// .ckz archives given to a rewriting job (convert, strip): each is restored bit for bit
 // into a temp folder beside the command's output (the same file system), the command works on
 // the original under its own name, and the folder goes whatever happens. What the command
 // prints names "ARCHIVE: inner path", never the temp folder.
@@ -10,7 +10,7 @@
 
 #include "checkpoint/archive_view.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 class ArchiveInputs {
  public:
@@ -27,4 +27,4 @@ class ArchiveInputs {
   std::vector<std::pair<std::string, std::unique_ptr<ArchiveView>>> views_;  // archive, view
 };
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

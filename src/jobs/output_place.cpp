@@ -1,9 +1,9 @@
-#include "cli/output_place.h"
+#include "jobs/output_place.h"
 
 #include "base/error.h"
 #include "cluster/world.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 std::optional<SharedPlace> MakeSharedPlace(const std::string& to, bool force,
                                            OutputPlace::Kind kind, bool every_rank) {
@@ -33,4 +33,4 @@ std::optional<SharedPlace> MakeSharedPlace(const std::string& to, bool force,
   return s;
 }
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

@@ -1,4 +1,4 @@
-// The output place (writers/output_set.h) of a command that may run in an MPI job: rank 0 makes it
+// The output place (writers/output_set.h) of a job that may run in an MPI job: rank 0 makes it
 // and, when every rank writes into it, tells them where.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 #include "writers/output_set.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 struct SharedPlace {
   std::optional<OutputPlace> place;  // rank 0's (none on the other ranks)
@@ -20,4 +20,4 @@ struct SharedPlace {
 std::optional<SharedPlace> MakeSharedPlace(const std::string& to, bool force,
                                            OutputPlace::Kind kind, bool every_rank);
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

@@ -1,13 +1,14 @@
-// The loop every per-file command shares (shrink, convert, strip; verify, compress and
+// The loop every per-file job shares (shrink, convert, strip; verify, compress and
 // decompress use Spread alone): files spread over worker threads, the rest of the thread
-// budget given to each file, one progress line, and one error per failed file that always
-// names the file, whatever was thrown. Results are reported afterwards in input order, so
-// output does not depend on scheduling.
+// budget given to each file, one progress meter, and one error per failed file that always
+// names the file, whatever was thrown. Results come back in input order, so a report does not
+// depend on scheduling.
 //
 // In an MPI job (cluster/) the files are first spread over the ranks: every rank finds the
 // same files, Spread gives each its share (balanced by bytes, cluster/partition.h), each
 // rank runs its share with its own threads, and the results travel to rank 0 as JSON
-// (jobs/result_json.h), which prints the one report. Other ranks print nothing.
+// (jobs/result_json.h), which reports for all. Other ranks report nothing. A job run on one
+// rank alone (a policy step: apply runs on rank 0) spreads nothing: `Local()`.
 #pragma once
 
 #include <atomic>
@@ -19,10 +20,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/progress.h"
 #include "cluster/world.h"
+#include "jobs/progress.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 // Items (files or folders, named by `keys`) spread over the ranks of the job: one rank each.
 // The constructor is the job's Agree step (cluster/steps.h): it throws cluster::Stopped on
@@ -30,11 +31,14 @@ namespace ckpt::cli {
 class Spread {
  public:
   Spread(const std::vector<std::string>& keys, const std::vector<uint64_t>& bytes);
+  // Every item on this rank, nothing agreed or gathered: for a job that runs on one rank
+  // while the others wait (the policy's steps).
+  static Spread Local(const std::vector<std::string>& keys);
 
   // The items this rank runs, in input order (all of them in a single process).
   const std::vector<size_t>& mine() const { return mine_; }
   // Only rank 0 reports; other ranks return once Gather() has sent their results.
-  bool reports() const { return cluster::IsRoot(); }
+  bool reports() const { return local_ || cluster::IsRoot(); }
 
   // The Collect step: sends this rank's outcomes (errors[i], and encode(i) for the items
   // without one) to rank 0, which fills in every other rank's items with decode(i, value).
@@ -50,22 +54,26 @@ class Spread {
   }
 
  private:
+  explicit Spread(const std::vector<std::string>& keys) : keys_(keys), local_(true) {}
+
   const std::vector<std::string>& keys_;
+  bool local_ = false;
   std::vector<int> owner_;
   std::vector<size_t> mine_;
 };
 
 class Batch {
  public:
-  // `threads` is the command's -j; `label` prefixes the progress line. The first `parallel`
-  // files run side by side; any after them (folders that want every thread) one at a time
-  // afterwards, each with all `threads`, and keep their errors as thrown.
-  Batch(const std::vector<std::string>& files, unsigned threads, std::string label, bool progress,
-        size_t parallel = SIZE_MAX);
+  // `threads` is the job's thread budget; `label` names the progress meter. The first
+  // `parallel` files run side by side; any after them (folders that want every thread) one at a
+  // time afterwards, each with all `threads`, and keep their errors as thrown. `spread`: over
+  // the ranks of an MPI job, or (false) all on this rank.
+  Batch(const std::vector<std::string>& files, unsigned threads, const std::string& label,
+        const ProgressShown& progress, size_t parallel = SIZE_MAX, bool spread = true);
 
   unsigned threads_per_file() const { return threads_per_file_; }
   // Progress counter for the writers (bytes of input done); valid until Run() returns.
-  std::atomic<uint64_t>* bytes_done() { return &progress_->bytes_done(); }
+  std::atomic<uint64_t>* bytes_done() { return &meter_->bytes_done(); }
   bool reports() const { return spread_->reports(); }
 
   // Runs work(i) for every file this rank owns, once, then gathers: on rank 0 `results`
@@ -87,13 +95,9 @@ class Batch {
   unsigned workers_;
   unsigned threads_per_file_;
   std::unique_ptr<Spread> spread_;
-  std::unique_ptr<Progress> progress_;
+  std::unique_ptr<ProgressMeter> meter_;
+  bool ran_ = false;
 };
-
-// For one file of a batch: when `error` is set, prints it and adds {path, error} to the
-// JSON report's file list; true when the file failed.
-bool ReportFailure(const std::string& path, const std::string& error, bool json,
-                   nlohmann::ordered_json& json_files);
 
 // `what` with `path: ` in front unless it already names the path there.
 std::string NamingFile(const std::string& path, const std::string& what);
@@ -101,4 +105,4 @@ std::string NamingFile(const std::string& path, const std::string& what);
 // Bytes of a file, or of the regular files below a folder (0 when unreadable).
 uint64_t TreeBytes(const std::string& path);
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

@@ -1,11 +1,11 @@
-#include "cli/archive_inputs.h"
+#include "jobs/archive_inputs.h"
 
 #include <filesystem>
 
 #include "base/error.h"
 #include "compress/archive.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 namespace fs = std::filesystem;
 
@@ -31,4 +31,4 @@ std::string ArchiveInputs::Shown(std::string text) const {
   return text;
 }
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

@@ -1,4 +1,4 @@
-#include "cli/batch.h"
+#include "jobs/batch.h"
 
 #include <fmt/format.h>
 
@@ -10,13 +10,12 @@
 #include "base/error.h"
 #include "base/human.h"
 #include "base/interrupt.h"
-#include "cli/commands.h"
 #include "cluster/partition.h"
 #include "cluster/steps.h"
 #include "io/parallel.h"
 #include "jobs/result_json.h"
 
-namespace ckpt::cli {
+namespace ckpt::jobs {
 
 std::string NamingFile(const std::string& path, const std::string& what) {
   if (what.size() > path.size() && what.compare(0, path.size(), path) == 0 &&
@@ -24,14 +23,6 @@ std::string NamingFile(const std::string& path, const std::string& what) {
     return what;
   }
   return path + ": " + what;
-}
-
-bool ReportFailure(const std::string& path, const std::string& error, bool json,
-                   nlohmann::ordered_json& json_files) {
-  if (error.empty()) return false;
-  PrintError(error);
-  if (json) json_files.push_back({{"path", path}, {"error", error}});
-  return true;
 }
 
 uint64_t TreeBytes(const std::string& path) {
@@ -77,9 +68,16 @@ Spread::Spread(const std::vector<std::string>& keys, const std::vector<uint64_t>
   mine_ = cluster::ItemsOf(owner_, cluster::Rank());
 }
 
+Spread Spread::Local(const std::vector<std::string>& keys) {
+  Spread s(keys);
+  for (size_t i = 0; i < keys.size(); ++i) s.mine_.push_back(i);
+  return s;
+}
+
 void Spread::Gather(std::vector<std::string>& errors,
                     const std::function<nlohmann::json(size_t)>& encode,
                     const std::function<void(size_t, const nlohmann::json&)>& decode) {
+  if (local_) return;  // every result is in place, and no other rank takes part
   // A single process has every result in place already: nothing to encode.
   if (!cluster::Distributed()) {
     cluster::Collect("");
@@ -116,8 +114,8 @@ void Spread::Gather(std::vector<std::string>& errors,
   }
 }
 
-Batch::Batch(const std::vector<std::string>& files, unsigned threads, std::string label,
-             bool progress, size_t parallel)
+Batch::Batch(const std::vector<std::string>& files, unsigned threads, const std::string& label,
+             const ProgressShown& progress, size_t parallel, bool spread)
     : files_(files), parallel_(std::min(parallel, files.size())) {
   threads_ = std::max(1u, threads);
   std::vector<uint64_t> sizes;
@@ -126,18 +124,20 @@ Batch::Batch(const std::vector<std::string>& files, unsigned threads, std::strin
     sizes.push_back(TreeBytes(f));
     total += sizes.back();
   }
-  spread_ = std::make_unique<Spread>(files_, sizes);
+  spread_ = spread ? std::make_unique<Spread>(files_, sizes)
+                   : std::make_unique<Spread>(Spread::Local(files_));
   size_t side_by_side = 0;
   for (size_t i : spread_->mine()) side_by_side += i < parallel_;
   workers_ = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(threads_, side_by_side)));
   threads_per_file_ = std::max(1u, threads_ / workers_);
-  // Under MPI no rank knows the job's progress: no line.
-  progress_ =
-      std::make_unique<Progress>(std::move(label), total, progress && !cluster::Distributed());
+  // Under MPI no rank knows the job's progress: no meter.
+  if (progress && !(spread && cluster::Distributed())) meter_ = progress(label, total);
+  if (!meter_) meter_ = std::make_unique<ProgressMeter>();  // counted, shown to nobody
 }
 
 std::vector<std::string> Batch::RunMine(const std::function<void(size_t)>& work) {
-  if (!progress_) Fail("internal: a batch runs once");
+  if (ran_) Fail("internal: a batch runs once");
+  ran_ = true;
   std::vector<std::string> errors(files_.size());
   std::vector<size_t> side_by_side, one_by_one;
   for (size_t i : spread_->mine()) (i < parallel_ ? side_by_side : one_by_one).push_back(i);
@@ -151,12 +151,12 @@ std::vector<std::string> Batch::RunMine(const std::function<void(size_t)>& work)
     } catch (...) {
       errors[i] = NamingFile(files_[i], "unknown internal error");
     }
-    progress_->FileDone();
+    meter_->FileDone();
   };
   ParallelFor(side_by_side.size(), workers_, [&](size_t k) { run(side_by_side[k]); });
   for (size_t i : one_by_one) run(i);
-  progress_.reset();
+  meter_.reset(new ProgressMeter());  // the shown one is gone (its line cleared) on return
   return errors;
 }
 
-}  // namespace ckpt::cli
+}  // namespace ckpt::jobs

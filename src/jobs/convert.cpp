@@ -1,0 +1,162 @@
+#include "jobs/convert.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "base/error.h"
+#include "checkpoint/integrity.h"
+#include "checkpoint/training_state.h"
+#include "io/folders.h"
+#include "jobs/archive_inputs.h"
+#include "jobs/batch.h"
+#include "jobs/result_json.h"
+
+namespace ckpt::jobs {
+
+namespace fs = std::filesystem;
+
+size_t ConvertReport::failed() const {
+  return static_cast<size_t>(std::count_if(
+      files.begin(), files.end(), [](const ConvertedFile& f) { return !f.error.empty(); }));
+}
+
+bool ConvertReport::ok() const {
+  auto bad = [](const CarriedFile& c) { return !c.error.empty(); };
+  return failed() == 0 && std::none_of(copies.begin(), copies.end(), bad) &&
+         std::none_of(indexes.begin(), indexes.end(), bad);
+}
+
+nlohmann::ordered_json ToJson(const ConvertReport& r) {
+  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
+  for (const ConvertedFile& f : r.files) {
+    if (f.error.empty()) {
+      doc["files"].push_back(nlohmann::ordered_json(f.result));
+    } else {
+      doc["files"].push_back({{"path", f.input}, {"error", f.error}});
+    }
+  }
+  doc["before"] = r.before;
+  doc["after"] = r.after;
+  doc["copied_files"] = r.copies.size();
+  return doc;
+}
+
+ConvertTree PlanConvert(const std::vector<std::string>& paths, const ConvertJobOptions& o) {
+  if (paths.empty()) throw UsageError("give checkpoint files or model folders to convert");
+  if (!o.output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
+    throw UsageError(
+        "-o names one output file: give exactly one input file (--output-dir for folders and "
+        "several inputs)");
+  }
+  ConvertTree tree = PlanConvertTree(paths, o.output_dir, o.output_file, o.dtype, o.force);
+  // A folder's training-only files (optimizer.pt, rng_state.pth...) are copied as they are (or
+  // left out), unless training state is to be converted too. A file named on its own is
+  // converted.
+  if (!o.engine.include_optimizer) {
+    auto training = [&](const PathPair& j) {
+      return IsTrainingOnlyFile(j.input) &&
+             std::find(paths.begin(), paths.end(), j.input) == paths.end();
+    };
+    for (const PathPair& j : tree.checkpoints) {
+      if (training(j) && !o.leave_out_training_files) tree.copies.push_back(j);
+    }
+    std::erase_if(tree.checkpoints, training);
+    if (o.leave_out_training_files) std::erase_if(tree.copies, training);
+  }
+  if (tree.checkpoints.empty()) {
+    std::string why;
+    for (const std::string& p : paths) {
+      if (why.empty() && fs::is_directory(p)) why = WhyNothingToConvert(p, o.dtype);
+    }
+    Fail("{}", why.empty() ? "no checkpoints to convert" : "no checkpoints to convert: " + why);
+  }
+  return tree;
+}
+
+ConvertReport Convert(std::vector<std::string> paths, const ConvertJobOptions& o) {
+  if (paths.empty()) throw UsageError("give checkpoint files or model folders to convert");
+  ArchiveInputs archives(paths, o.output_dir.empty() ? o.output_file : o.output_dir, o.threads,
+                         "-o or --output-dir");
+  ConvertTree tree = PlanConvert(paths, o);
+  const bool dry_run = o.engine.dry_run;
+  // A folder is converted whole or not at all: a damaged file in it would leave a model folder
+  // with a shard missing (its own rewrite refuses it; the files beside it are checked here).
+  if (!dry_run) {
+    for (const std::string& p : paths) {
+      if (fs::is_directory(p)) RefuseDamaged(p, o.threads, "nothing converted");
+    }
+  }
+  std::set<std::string> dirs;
+  for (const auto* jobs : {&tree.checkpoints, &tree.copies, &tree.indexes}) {
+    for (const PathPair& j : *jobs) dirs.insert(fs::path(j.output).parent_path().string());
+  }
+  // Folders this run makes go again if it ends (fails, is interrupted) with nothing in them.
+  CreatedFolders made;
+  for (const std::string& d : dirs) {
+    if (!dry_run) made.Create(d, d);
+  }
+  std::vector<std::string> inputs;
+  for (const PathPair& j : tree.checkpoints) inputs.push_back(j.input);
+  Batch batch(inputs, o.threads, "convert", o.progress, SIZE_MAX, o.spread);
+  ConvertOptions co = o.engine;
+  co.threads = batch.threads_per_file();
+  co.bytes_done = batch.bytes_done();
+  std::vector<ConvertResult> results(tree.checkpoints.size());
+  std::vector<std::string> errors = batch.Run<ConvertResult>(results, [&](size_t i) {
+    return ConvertFile(tree.checkpoints[i].input, tree.checkpoints[i].output, co);
+  });
+  ConvertReport report;
+  report.dry_run = dry_run;
+  // Rank 0 reports for every rank, and copies the other files and rewrites the indexes,
+  // which need every rank's results.
+  if (!batch.reports()) {
+    report.reports = false;
+    return report;
+  }
+  std::map<std::string, uint64_t> storage_bytes;
+  for (size_t i = 0; i < results.size(); ++i) {
+    // An archive's restored paths are shown as the archive's.
+    ConvertedFile f{archives.Shown(tree.checkpoints[i].input), archives.Shown(errors[i]),
+                    std::move(results[i])};
+    if (f.error.empty()) {
+      ConvertResult& r = f.result;
+      r.path = archives.Shown(r.path);
+      for (std::string& w : r.warnings) w = archives.Shown(w);
+      storage_bytes[fs::path(r.output).filename().string()] = r.storage_bytes;
+      report.before += r.before;
+      report.after += r.after;
+    }
+    report.files.push_back(std::move(f));
+  }
+  for (const PathPair& j : tree.copies) {
+    CarriedFile c{j, "", 0};
+    if (!dry_run) {
+      try {
+        CopyFile(j, o.dtype);
+      } catch (const Error& e) {
+        c.error = archives.Shown(e.what());
+      }
+    }
+    c.files.input = archives.Shown(c.files.input);
+    report.copies.push_back(std::move(c));
+  }
+  // Nothing is copied or rewritten in a dry run; the report counts the copies.
+  if (!dry_run) {
+    for (const PathPair& j : tree.indexes) {
+      CarriedFile c{j, "", 0};
+      try {
+        c.total_size = RewriteIndex(j, storage_bytes);
+      } catch (const Error& e) {
+        c.error = archives.Shown(e.what());
+      }
+      c.files.input = archives.Shown(c.files.input);
+      report.indexes.push_back(std::move(c));
+    }
+  }
+  return report;
+}
+
+}  // namespace ckpt::jobs

@@ -258,6 +258,51 @@ class HfTrainerTest(PolicyTestCase):
         self.assertIn("trainer_state.json", damaged[0]["message"])
         self.assertEqual(steps_of(events), [])
 
+class StepsAreTheJobsTest(PolicyTestCase):
+    """The policy's steps run the commands' own jobs: the same files, the same outputs."""
+
+    def test_a_safetensors_model_is_not_exported_again(self):
+        root = self.path("run")
+        d = os.path.join(root, "checkpoint-100")
+        os.makedirs(d)
+        source = self.path("model.pt")
+        torch.save(pf._model(100), source)
+        run("export", source, "--to", os.path.join(d, "model.safetensors"))
+        torch.save(pf._optimizer(100), os.path.join(d, "optimizer.pt"))
+        pf.hf_marker(root, 100)
+        self.write_policy(root, "[export]\n[shrink]\n")
+        before = pf.tree(d)
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        said = {e["step"]: e["message"] for e in events if e["event"] == "step"}
+        self.assertIn("already safetensors", said["export"], events)
+        self.assertFalse(os.path.exists(os.path.join(d, "export")))
+        # shrink takes torch files only: optimizer.pt holds no view to cut, the safetensors file
+        # is none of shrink's.
+        self.assertIn("1 file, nothing to drop", said["shrink"], events)
+        self.assertEqual(pf.tree(d), before)
+
+    def test_convert_step_writes_what_the_command_writes(self):
+        root = self.path("run")
+        os.makedirs(root)
+        pf.hf_checkpoint(root, 100)
+        self.write_policy(root, '[convert]\ndtype = "bf16"\n')
+        cmd = self.path("by_command")
+        run("convert", os.path.join(root, "checkpoint-100"), "--dtype", "bf16",
+            "--output-dir", cmd)
+        events, summary = apply(root)
+        self.assertEqual(summary["failed"], 0, events)
+        by_policy = os.path.join(root, "checkpoint-100", "bf16")
+        # The command copies training-only files as they are; the policy leaves them out.
+        training = {"optimizer.pt", "scheduler.pt", "rng_state.pth"}
+        self.assertEqual(sorted(os.listdir(by_policy)),
+                         sorted(set(os.listdir(cmd)) - training))
+        for name in os.listdir(by_policy):
+            with open(os.path.join(by_policy, name), "rb") as a, \
+                    open(os.path.join(cmd, name), "rb") as b:
+                self.assertEqual(a.read(), b.read(), name)
+
+
 class KillTestBase:
     """A run killed with SIGKILL anywhere, then run again, leaves the same bytes as a run never
     killed: at every ledger write (step boundaries: after a step's work, before the ledger

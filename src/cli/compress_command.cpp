@@ -14,12 +14,10 @@
 #include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "cluster/world.h"
 #include "compress/archive.h"
-#include "engines/compress.h"
 #include "io/parallel.h"
 #include "jobs/batch.h"
-#include "jobs/result_json.h"
+#include "jobs/compress.h"
 
 namespace ckpt::cli {
 
@@ -48,46 +46,6 @@ void Say(bool to_stderr, const std::string& line) {
   }
 }
 
-// What compress and decompress share: this rank's paths run one at a time (each with every
-// thread) under one progress line; each failure is one error naming its path (in the JSON
-// report too) and sets the exit code to 1. Rank 0 reports every path in input order: a single
-// process as soon as each is done, an MPI job once every rank's results are in. Returns false
-// on the other ranks, which have nothing to print.
-template <typename R>
-bool RunPaths(const std::vector<std::string>& paths, jobs::Spread& spread, const char* label,
-              uint64_t total, bool progress_on, std::vector<R>& results, int& rc,
-              nlohmann::ordered_json& doc, bool json,
-              const std::function<R(size_t, std::atomic<uint64_t>*)>& work,
-              const std::function<void(const R&)>& report_done) {
-  std::vector<std::string> errors(paths.size());
-  const bool live = !cluster::Distributed();
-  auto report = [&](size_t i) {
-    if (!errors[i].empty()) {
-      rc = 1;
-      PrintError(jobs::NamingFile(paths[i], errors[i]));
-      if (json) doc["files"].push_back({{"input", paths[i]}, {"error", errors[i]}});
-      return;
-    }
-    report_done(results[i]);
-  };
-  {
-    Progress progress(label, total, progress_on);
-    for (size_t i : spread.mine()) {
-      try {
-        results[i] = work(i, &progress.bytes_done());
-        progress.FileDone();
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-      if (live) report(i);
-    }
-  }
-  spread.Gather(errors, results);
-  if (!spread.reports()) return false;
-  for (size_t i = 0; i < paths.size() && !live; ++i) report(i);
-  return true;
-}
-
 // The JSON report goes to stdout, or to stderr when stdout carries the data (-c).
 void PrintDoc(const nlohmann::ordered_json& doc, bool to_stdout) {
   if (to_stdout) {
@@ -97,91 +55,57 @@ void PrintDoc(const nlohmann::ordered_json& doc, bool to_stdout) {
   }
 }
 
-int CheckCommon(const std::vector<std::string>& paths, const std::string& output, bool to_stdout,
-                bool remove_input) {
-  if (!output.empty() && paths.size() > 1) {
-    PrintError("-o names one output: give one input with it");
-    return 2;
-  }
-  if (to_stdout && paths.size() > 1) {
-    PrintError("-c streams one input: give one input with it");
-    return 2;
-  }
-  if (to_stdout && !output.empty()) {
-    PrintError("-c and -o cannot be used together");
-    return 2;
-  }
-  if (to_stdout && remove_input) {
-    PrintError("--rm cannot be used with -c");
-    return 2;
-  }
+// What the command line refuses before a job runs: -c in-process (the Python package), where
+// the bytes would go to the program's own stdout.
+bool StdoutRefused(bool to_stdout) {
   if (to_stdout && Capturing()) {
-    // In-process (the Python package) the bytes would go to the program's own stdout.
     PrintError("-c (stdout=True) writes to the process's standard output: give an output path");
-    return 2;
+    return true;
   }
-  return 0;
+  return false;
 }
 
 int RunCompress(const CompressCliOptions& o) {
-  if (int rc = CheckCommon(o.paths, o.output, o.to_stdout, o.remove_input)) return rc;
-  if (o.to_stdout && !o.dry_run && ::isatty(STDOUT_FILENO)) {
-    PrintError("stdout is a terminal: not writing an archive to it (redirect it, or drop -c)");
-    return 1;
-  }
-  CompressOptions co;
+  jobs::CompressJobOptions jo;
+  CompressOptions& co = jo.engine;
   co.level = o.level == "max" ? ckz::Level::kMax : ckz::Level::kFast;
-  co.threads = std::max(1u, o.threads);
+  co.threads = o.threads;
   co.output = o.output;
   co.to_stdout = o.to_stdout;
   co.force = o.force;
   co.remove_input = o.remove_input;
   co.dry_run = o.dry_run;
   co.allow_damaged = o.allow_damaged;
-  std::vector<uint64_t> sizes;
-  uint64_t total = 0;
-  for (const std::string& p : o.paths) {
-    sizes.push_back(jobs::TreeBytes(p));
-    total += sizes.back();
+  jo.paths = o.paths;
+  jo.progress = ProgressFor(!o.json && !o.quiet);
+  if (StdoutRefused(o.to_stdout)) return 2;
+  if (o.to_stdout && !o.dry_run && o.paths.size() == 1 && o.output.empty() && !o.remove_input &&
+      ::isatty(STDOUT_FILENO)) {
+    PrintError("stdout is a terminal: not writing an archive to it (redirect it, or drop -c)");
+    return 1;
   }
-  // In an MPI job each rank compresses its share of the paths, one at a time with every
-  // thread; rank 0 reports.
-  jobs::Spread spread(o.paths, sizes);
-  std::vector<CompressResult> results(o.paths.size());
-  int rc = 0;
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  uint64_t before = 0, after = 0;
-  bool progress_on = ProgressWanted(!o.json && !o.quiet) && !cluster::Distributed();
-  auto report = [&](const CompressResult& r) {
-    before += r.before;
-    after += r.after;
-    for (const std::string& w : r.warnings) PrintWarning(w);
-    if (o.json) {
-      doc["files"].push_back(nlohmann::ordered_json(r));
-    } else if (!o.quiet) {
-      if (progress_on) ClearProgressLine();
-      Say(o.to_stdout,
-          fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}{}", r.input, HumanBytes(r.before),
-                      HumanBytes(r.after),
-                      r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
-                      Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
-                      r.removed ? " (original removed)" : "",
-                      o.dry_run ? " (dry run: nothing written)" : ""));
+  const bool progress_on = static_cast<bool>(jo.progress);
+  auto done = [&](const jobs::PathOutcome<CompressResult>& p) {
+    if (!p.error.empty()) {
+      PrintError(jobs::NamingFile(p.input, p.error));
+      return;
     }
+    const CompressResult& r = p.result;
+    for (const std::string& w : r.warnings) PrintWarning(w);
+    if (o.json || o.quiet) return;
+    if (progress_on) ClearProgressLine();
+    Say(o.to_stdout,
+        fmt::format("{}: {} -> {} ({:.3f}x, {}){}{}{}", r.input, HumanBytes(r.before),
+                    HumanBytes(r.after),
+                    r.after ? static_cast<double>(r.before) / static_cast<double>(r.after) : 0.0,
+                    Percent(r.after, r.before), o.to_stdout ? "" : " " + r.output,
+                    r.removed ? " (original removed)" : "",
+                    o.dry_run ? " (dry run: nothing written)" : ""));
   };
-  auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
-    co.bytes_done = bytes_done;
-    return CompressPath(o.paths[i], co);
-  };
-  if (!RunPaths<CompressResult>(o.paths, spread, "compress", total, progress_on, results, rc, doc,
-                                o.json, work, report))
-    return 0;  // rank 0 reports for every rank
-  if (o.json) {
-    doc["before"] = before;
-    doc["after"] = after;
-    PrintDoc(doc, o.to_stdout);
-  }
-  return rc;
+  jobs::CompressReport report = jobs::Compress(jo, done);
+  if (!report.reports) return 0;  // rank 0 reports for every rank
+  if (o.json) PrintDoc(jobs::ToJson(report), o.to_stdout);
+  return report.ok() ? 0 : 1;
 }
 
 struct DecompressCliOptions {
@@ -197,52 +121,36 @@ struct DecompressCliOptions {
 };
 
 int RunDecompress(const DecompressCliOptions& o) {
-  if (int rc = CheckCommon(o.paths, o.output, o.to_stdout, o.remove_input)) return rc;
-  DecompressOptions d;
-  d.threads = std::max(1u, o.threads);
+  jobs::DecompressJobOptions jo;
+  DecompressOptions& d = jo.engine;
+  d.threads = o.threads;
   d.output = o.output;
   d.to_stdout = o.to_stdout;
   d.force = o.force;
   d.remove_input = o.remove_input;
   d.dry_run = o.dry_run;
-  std::vector<uint64_t> sizes;
-  for (const std::string& p : o.paths) sizes.push_back(jobs::TreeBytes(p));
-  jobs::Spread spread(o.paths, sizes);
-  uint64_t total = 0;
-  bool progress_on = ProgressWanted(!o.json && !o.quiet) && !cluster::Distributed();
-  for (size_t i : spread.mine()) {
-    if (!progress_on) break;
-    try {
-      ckz::Archive a = ckz::Archive::Open(o.paths[i]);
-      for (const ckz::Entry& e : a.index().entries) total += e.size;
-    } catch (const Error&) {
-      // Reported when the archive's turn comes.
+  jo.paths = o.paths;
+  jo.progress = ProgressFor(!o.json && !o.quiet);
+  if (StdoutRefused(o.to_stdout)) return 2;
+  const bool progress_on = static_cast<bool>(jo.progress);
+  auto done = [&](const jobs::PathOutcome<DecompressResult>& p) {
+    if (!p.error.empty()) {
+      PrintError(jobs::NamingFile(p.input, p.error));
+      return;
     }
-  }
-  std::vector<DecompressResult> results(o.paths.size());
-  int rc = 0;
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  auto report = [&](const DecompressResult& r) {
-    if (o.json) {
-      doc["files"].push_back(nlohmann::ordered_json(r));
-    } else if (!o.quiet) {
-      if (progress_on) ClearProgressLine();
-      Say(o.to_stdout,
-          fmt::format("{}: {} -> {}, {}{}{}{}", r.input, HumanBytes(r.archive_bytes),
-                      HumanBytes(r.restored_bytes), Count(r.files, "file"),
-                      o.to_stdout ? "" : " " + r.output, r.removed ? " (archive removed)" : "",
-                      o.dry_run ? " (dry run: every chunk checked, nothing written)" : ""));
-    }
+    if (o.json || o.quiet) return;
+    const DecompressResult& r = p.result;
+    if (progress_on) ClearProgressLine();
+    Say(o.to_stdout,
+        fmt::format("{}: {} -> {}, {}{}{}{}", r.input, HumanBytes(r.archive_bytes),
+                    HumanBytes(r.restored_bytes), Count(r.files, "file"),
+                    o.to_stdout ? "" : " " + r.output, r.removed ? " (archive removed)" : "",
+                    o.dry_run ? " (dry run: every chunk checked, nothing written)" : ""));
   };
-  auto work = [&](size_t i, std::atomic<uint64_t>* bytes_done) {
-    d.bytes_done = bytes_done;
-    return DecompressArchive(o.paths[i], d);
-  };
-  if (!RunPaths<DecompressResult>(o.paths, spread, "decompress", total, progress_on, results, rc,
-                                  doc, o.json, work, report))
-    return 0;  // rank 0 reports for every rank
-  if (o.json) PrintDoc(doc, o.to_stdout);
-  return rc;
+  jobs::DecompressReport report = jobs::Decompress(jo, done);
+  if (!report.reports) return 0;  // rank 0 reports for every rank
+  if (o.json) PrintDoc(jobs::ToJson(report), o.to_stdout);
+  return report.ok() ? 0 : 1;
 }
 
 void AddOutputFlags(CLI::App& app, std::string* output, bool* to_stdout, bool* force,

@@ -32,6 +32,8 @@
 #include "io/folders.h"
 #include "io/parallel.h"
 #include "io/temp_files.h"
+#include "jobs/batch.h"
+#include "jobs/compress.h"
 #include "jobs/convert.h"
 #include "jobs/export.h"
 #include "jobs/shrink.h"
@@ -475,12 +477,18 @@ StepOutcome RunCompress(const StepContext& c) {
                     s.keep_original ? "" : ", replacing it once the archive is verified");
     return o;
   }
-  CompressOptions co;
-  co.level = s.level == "max" ? ckz::Level::kMax : ckz::Level::kFast;
-  co.threads = c.threads;
-  co.output = out;
-  co.force = true;  // an archive left by a run stopped before the original was removed
-  CompressResult r = CompressPath(c.e.path, co);
+  // The compress job as `ckptool compress CHECKPOINT -o NAME.ckz --force` runs it.
+  jobs::CompressJobOptions jo;
+  jo.engine.level = s.level == "max" ? ckz::Level::kMax : ckz::Level::kFast;
+  jo.engine.threads = c.threads;
+  jo.engine.output = out;
+  jo.engine.force = true;  // an archive left by a run stopped before the original was removed
+  jo.paths = {c.e.path};
+  jo.spread = false;  // apply runs on one rank
+  jobs::CompressReport report = jobs::Compress(jo);
+  const jobs::PathOutcome<CompressResult>& done = report.paths.at(0);
+  if (!done.error.empty()) Fail("{}", jobs::NamingFile(done.input, done.error));
+  const CompressResult& r = done.result;
   for (const std::string& w : r.warnings) o.warnings.push_back(w);
   try {
     ckz::Archive back = ckz::Archive::Open(out);

@@ -1,0 +1,71 @@
+// The compress and decompress jobs, as `ckptool compress` / `decompress` and the policy's
+// [compress] step run them: each path (a file, a folder; an archive) one at a time with every
+// thread (engines/compress.h). In an MPI job each rank does its share of the paths and rank 0
+// reports them all. A job never prints: what became of each path goes to `done` as soon as it
+// is known (in input order), and into the report.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engines/compress.h"
+#include "jobs/progress.h"
+
+namespace ckpt::jobs {
+
+// What became of one path.
+template <typename R>
+struct PathOutcome {
+  std::string input;
+  std::string error;  // why it failed ("" when done); NamingFile(input, error) names the path
+  R result;
+};
+
+template <typename R>
+struct PathsReport {
+  bool reports = true;  // false on ranks other than 0: rank 0's report holds every rank's paths
+  std::vector<PathOutcome<R>> paths;
+
+  bool ok() const {
+    for (const PathOutcome<R>& p : paths) {
+      if (!p.error.empty()) return false;
+    }
+    return true;
+  }
+};
+
+template <typename R>
+using PathDone = std::function<void(const PathOutcome<R>&)>;
+
+struct CompressJobOptions {
+  CompressOptions engine;  // its counter is set here
+  std::vector<std::string> paths;
+  bool spread = true;  // over the ranks of an MPI job (false: a policy step, on one rank)
+  ProgressShown progress;
+};
+using CompressReport = PathsReport<CompressResult>;
+
+struct DecompressJobOptions {
+  DecompressOptions engine;  // its counter is set here
+  std::vector<std::string> paths;
+  bool spread = true;
+  ProgressShown progress;
+};
+using DecompressReport = PathsReport<DecompressResult>;
+
+// --json's reports: {"files": [result or {input, error}...]}, and for compress "before" and
+// "after" (bytes of the paths done).
+nlohmann::ordered_json ToJson(const CompressReport& r);
+nlohmann::ordered_json ToJson(const DecompressReport& r);
+
+// Throw ckpt::UsageError when paths and outputs do not fit (-o or -c with several paths; -c
+// with -o or with removing the input).
+CompressReport Compress(const CompressJobOptions& o, const PathDone<CompressResult>& done = {});
+DecompressReport Decompress(const DecompressJobOptions& o,
+                            const PathDone<DecompressResult>& done = {});
+
+}  // namespace ckpt::jobs

@@ -7,9 +7,12 @@
 #include <set>
 
 #include "base/error.h"
+#include "checkpoint/discovery.h"
 #include "checkpoint/integrity.h"
 #include "checkpoint/training_state.h"
 #include "io/folders.h"
+#include "io/mapped_file.h"
+#include "io/temp_files.h"
 #include "jobs/archive_inputs.h"
 #include "jobs/batch.h"
 #include "jobs/result_json.h"
@@ -17,6 +20,37 @@
 namespace ckpt::jobs {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Converts `path` in place: into a temp file beside it (a ckptool temp name, removed by the
+// next run if this one is killed), then renamed over it when something was converted.
+ConvertResult ConvertFileInPlace(const std::string& path, const ConvertOptions& co) {
+  std::string temp = TempPathFor(path);
+  int slot = RegisterTempFile(temp);
+  MappedFile::Stamp stamp = MappedFile::Open(path).stamp();
+  ConvertResult r;
+  try {
+    r = ConvertFile(path, temp, co);
+    if (r.converted == 0) {
+      fs::remove(temp);
+    } else {
+      if (stamp.ChangedOnDisk()) Fail("changed on disk while it was converted; left as it was");
+      fs::rename(temp, path);
+      SyncFolder(fs::path(path).parent_path().string());
+    }
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    UnregisterTempFile(slot);
+    throw;
+  }
+  UnregisterTempFile(slot);
+  r.output = path;
+  return r;
+}
+
+}  // namespace
 
 size_t ConvertReport::failed() const {
   return static_cast<size_t>(std::count_if(
@@ -155,6 +189,40 @@ ConvertReport Convert(std::vector<std::string> paths, const ConvertJobOptions& o
       c.files.input = archives.Shown(c.files.input);
       report.indexes.push_back(std::move(c));
     }
+  }
+  return report;
+}
+
+std::vector<std::string> InPlaceTargets(const std::vector<std::string>& paths,
+                                        const ConvertJobOptions& o) {
+  std::vector<std::string> files = ExpandInputs(paths);
+  std::erase_if(files, [&](const std::string& f) {
+    return (o.skip && o.skip(f)) || (!o.engine.include_optimizer && IsTrainingOnlyFile(f));
+  });
+  return files;
+}
+
+ConvertReport ConvertInPlace(const std::vector<std::string>& paths, const ConvertJobOptions& o) {
+  std::vector<std::string> files = InPlaceTargets(paths, o);
+  Batch batch(files, o.threads, "convert", o.progress, SIZE_MAX, o.spread);
+  ConvertOptions co = o.engine;
+  co.threads = batch.threads_per_file();
+  co.bytes_done = batch.bytes_done();
+  std::vector<ConvertResult> results(files.size());
+  std::vector<std::string> errors =
+      batch.Run<ConvertResult>(results, [&](size_t i) { return ConvertFileInPlace(files[i], co); });
+  ConvertReport report;
+  report.dry_run = co.dry_run;
+  if (!batch.reports()) {
+    report.reports = false;
+    return report;
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (errors[i].empty()) {
+      report.before += results[i].before;
+      report.after += results[i].converted ? results[i].after : results[i].before;
+    }
+    report.files.push_back({files[i], errors[i], std::move(results[i])});
   }
   return report;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct ConvertJobOptions {
   // A folder's training-only files (optimizer.pt, rng_state.pth...) when training state is not
   // converted: copied as they are (the command line), or left out of the copy (the policy).
   bool leave_out_training_files = false;
+  std::function<bool(const std::string&)> skip;  // files left out (in place: the policy's outputs)
   unsigned threads = 1;
   bool spread = true;  // over the ranks of an MPI job (false: a policy step, on one rank)
   ProgressShown progress;
@@ -67,5 +69,15 @@ ConvertTree PlanConvert(const std::vector<std::string>& paths, const ConvertJobO
 // Throws ckpt::UsageError when the paths and outputs do not fit (no path; -o with several
 // inputs), ckpt::Error when nothing can be converted or a folder is damaged (nothing written).
 ConvertReport Convert(std::vector<std::string> paths, const ConvertJobOptions& o);
+
+// The files ConvertInPlace converts: every checkpoint file discovery finds in `paths` (training-
+// only files only with include_optimizer), those `skip` names left out.
+std::vector<std::string> InPlaceTargets(const std::vector<std::string>& paths,
+                                        const ConvertJobOptions& o);
+
+// Converts those files in place (the output options unused): each into a temp file beside it,
+// renamed over it when something was converted (never when the file changed meanwhile); a file
+// with nothing to convert is left as it is.
+ConvertReport ConvertInPlace(const std::vector<std::string>& paths, const ConvertJobOptions& o);
 
 }  // namespace ckpt::jobs

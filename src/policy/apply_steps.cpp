@@ -5,32 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
-#include <mutex>
-#include <set>
 
 #include "base/error.h"
 #include "base/human.h"
 #include "base/names.h"
 #include "checkpoint/discovery.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/verify.h"
 #include "compress/archive.h"
-#include "engines/compress.h"
-#include "engines/convert.h"
 #include "engines/convert_tree.h"
-#include "engines/dcp_strip.h"
-#include "engines/export.h"
 #include "engines/prune.h"
 #include "engines/shrink.h"
-#include "engines/strip.h"
-#include "file/checkpoint_file.h"
-#include "io/atomic_output.h"
 #include "io/folders.h"
-#include "io/parallel.h"
 #include "io/temp_files.h"
 #include "jobs/batch.h"
 #include "jobs/compress.h"
@@ -136,16 +123,6 @@ std::vector<std::string> CheckpointFiles(const StepContext& c, std::vector<std::
   return files;
 }
 
-// Runs fn on every file, files spread over threads and the rest of the budget given to each.
-template <typename Fn>
-void ForFiles(const std::vector<std::string>& files, unsigned threads, Fn&& fn) {
-  unsigned workers = static_cast<unsigned>(
-      std::max<size_t>(1, std::min<size_t>(std::max(1u, threads), files.size())));
-  unsigned per_file = std::max(1u, threads / workers);
-  ParallelFor(files.size(), workers,
-              [&](size_t i) { WithContext(files[i], [&] { fn(i, per_file); }); });
-}
-
 StepOutcome RunShrink(const StepContext& c) {
   // The shrink job as `ckptool shrink --checkpoint_dir` runs it, in place, without the
   // policy's own outputs inside the checkpoint.
@@ -233,33 +210,6 @@ StepOutcome RunStrip(const StepContext& c) {
   return o;
 }
 
-// Converts `path` in place: into a temp file beside it (a ckptool temp name, removed by the
-// next run if this one is killed), then renamed over it when something was converted.
-ConvertResult ConvertInPlace(const std::string& path, const ConvertOptions& co) {
-  std::string temp = TempPathFor(path);
-  int slot = RegisterTempFile(temp);
-  MappedFile::Stamp stamp = MappedFile::Open(path).stamp();
-  ConvertResult r;
-  try {
-    r = ConvertFile(path, temp, co);
-    if (r.converted == 0) {
-      fs::remove(temp);
-    } else {
-      if (stamp.ChangedOnDisk()) Fail("changed on disk while it was converted; left as it was");
-      fs::rename(temp, path);
-      SyncFolder(fs::path(path).parent_path().string());
-    }
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(temp, ec);
-    UnregisterTempFile(slot);
-    throw;
-  }
-  UnregisterTempFile(slot);
-  r.output = path;
-  return r;
-}
-
 StepOutcome RunConvert(const StepContext& c) {
   const policy::ConvertStep& s = *c.p.convert;
   StepOutcome o;
@@ -279,32 +229,34 @@ StepOutcome RunConvert(const StepContext& c) {
   co.allow_unsafe_globals = s.allow_unsafe_globals;
   co.trust.patterns = c.p.trust;
   if (s.in_place) {
-    std::vector<std::string> files = CheckpointFiles(c, nullptr);
-    if (!s.training_files)
-      std::erase_if(files, [](const std::string& f) { return IsTrainingOnlyFile(f); });
+    // The convert job's in-place form, on the checkpoint's files (the policy's outputs left
+    // out).
+    jobs::ConvertJobOptions jo;
+    jo.engine = co;
+    jo.dtype = s.dtype_name;
+    jo.skip = [&](const std::string& f) { return Under(f, c.outputs_inside); };
+    jo.threads = c.threads;
+    jo.spread = false;
     if (c.dry_run) {
+      std::vector<std::string> files = jobs::InPlaceTargets({c.e.path}, jo);
       for (const std::string& f : files) o.before += FileSize(f);
       o.after = o.before;
       o.message = fmt::format("would convert float32 tensors of {} to {} in place",
                               Count(files.size(), "file"), s.dtype_name);
       return o;
     }
-    std::vector<ConvertResult> results(files.size());
-    ForFiles(files, c.threads, [&](size_t i, unsigned per_file) {
-      ConvertOptions fo = co;
-      fo.threads = per_file;
-      results[i] = ConvertInPlace(files[i], fo);
-    });
+    jobs::ConvertReport r = jobs::ConvertInPlace({c.e.path}, jo);
     uint64_t converted = 0;
-    for (const ConvertResult& r : results) {
-      o.before += r.before;
-      o.after += r.converted ? r.after : r.before;
-      converted += r.converted;
-      for (const std::string& w : r.warnings) o.warnings.push_back(r.path + ": " + w);
+    for (const jobs::ConvertedFile& f : r.files) {
+      if (!f.error.empty()) Fail("{}", f.error);
+      o.before += f.result.before;
+      o.after += f.result.converted ? f.result.after : f.result.before;
+      converted += f.result.converted;
+      for (const std::string& w : f.result.warnings) o.warnings.push_back(f.result.path + ": " + w);
     }
     o.message =
         fmt::format("{} to {} in place in {}: {} -> {}", Count(converted, "tensor"), s.dtype_name,
-                    Count(files.size(), "file"), HumanBytes(o.before), HumanBytes(o.after));
+                    Count(r.files.size(), "file"), HumanBytes(o.before), HumanBytes(o.after));
     return o;
   }
   std::string out_rel = ConvertOutput(c.p, c.e);

@@ -1,4 +1,4 @@
-// `ckptool reshard CKPT --to universal|zero`: engines/reshard.h.
+// `ckptool reshard CKPT --to universal|zero`: the reshard job (jobs/reshard.h), printed.
 #include <fmt/format.h>
 
 #include <memory>
@@ -8,10 +8,8 @@
 #include "base/human.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
-#include "cluster/steps.h"
-#include "cluster/world.h"
-#include "engines/reshard.h"
 #include "io/parallel.h"
+#include "jobs/reshard.h"
 
 namespace ckpt::cli {
 
@@ -30,81 +28,45 @@ struct ReshardCliOptions {
 };
 
 int RunReshard(const ReshardCliOptions& o) {
-  ReshardOptions ro;
-  ro.output = o.output;
-  ro.tag = o.tag;
-  ro.threads = std::max(1u, o.threads);
-  ro.force = o.force;
-  ro.world_size = o.world_size;
-  if (o.to == "zero" && o.world_size <= 0)
-    Fail("--to zero needs --world-size M (the ranks to resume on)");
-  if (o.to == "universal" && o.world_size > 0)
-    Fail("--world-size is for --to zero: a universal checkpoint loads on any number of ranks");
-  if (cluster::Distributed()) {
-    // Every rank writes its share of the parameters; rank 0 checks, prepares and commits.
-    ro.team.rank = cluster::Rank();
-    ro.team.size = cluster::Size();
-    ro.team.agree = [](const std::string& view, const std::string& summary) {
-      cluster::Agree(view, summary);
-      cluster::Collect("");
-    };
-    ro.team.decide = [](const std::string& value) { return cluster::Decide(value); };
-    ro.team.confirm = [](const std::string& error) { return cluster::Confirm(error); };
-  }
-  const bool zero = o.to == "zero";
-  ReshardResult r = zero ? ReshardToZero(o.checkpoint, ro) : ReshardToUniversal(o.checkpoint, ro);
-  if (!cluster::IsRoot()) return 0;  // rank 0 reports
-  if (zero) {
-    if (o.json) {
-      PrintJson(nlohmann::ordered_json{{"source", r.source},
-                                       {"output", r.output},
-                                       {"tag", r.tag},
-                                       {"stage", r.stage},
-                                       {"world_size", r.world_size},
-                                       {"to_world_size", r.to_world_size},
-                                       {"parameters", r.parameters},
-                                       {"optimizer_state", r.keys},
-                                       {"files", r.files},
-                                       {"bytes", r.bytes}});
-    } else if (!o.quiet) {
-      Out() << Printable(fmt::format(
-                   "{}: ZeRO stage {} from {} ranks -> {} ranks in {}: {} parameters (fp32{}{}), "
-                   "{}, {}",
-                   r.source, r.stage, r.world_size, r.to_world_size, r.output, r.parameters,
-                   r.keys.empty() ? "" : ", ", fmt::join(r.keys, ", "), Count(r.files, "file"),
-                   HumanBytes(r.bytes)))
-            << "\n";
-      Out() << Printable(fmt::format("resume it on {} ranks: load_checkpoint(\"{}\") (tag {})",
-                                     r.to_world_size, r.output, r.tag))
-            << "\n";
-    }
-    return 0;
-  }
+  jobs::ReshardJobOptions jo;
+  jo.engine.output = o.output;
+  jo.engine.tag = o.tag;
+  jo.engine.threads = o.threads;
+  jo.engine.force = o.force;
+  jo.engine.world_size = o.world_size;
+  jo.checkpoint = o.checkpoint;
+  jo.to = o.to == "zero" ? jobs::ReshardTo::kZero : jobs::ReshardTo::kUniversal;
+  jobs::ReshardReport report = jobs::Reshard(jo);
+  if (!report.reports) return 0;  // rank 0 reports
+  const ReshardResult& r = report.result;
   if (o.json) {
-    PrintJson(nlohmann::ordered_json{{"source", r.source},
-                                     {"output", r.output},
-                                     {"latest_universal", r.latest_universal},
-                                     {"stage", r.stage},
-                                     {"world_size", r.world_size},
-                                     {"parameters", r.parameters},
-                                     {"optimizer_state", r.keys},
-                                     {"files", r.files},
-                                     {"bytes", r.bytes}});
+    PrintJson(jobs::ToJson(report));
     return 0;
   }
-  if (!o.quiet) {
+  if (o.quiet) return 0;
+  if (report.to == jobs::ReshardTo::kZero) {
     Out() << Printable(fmt::format(
-                 "{}: ZeRO stage {} from {} ranks -> universal checkpoint {}: {} parameters "
-                 "(fp32{}{}), {}, {}",
-                 r.source, r.stage, r.world_size, r.output, r.parameters,
+                 "{}: ZeRO stage {} from {} ranks -> {} ranks in {}: {} parameters (fp32{}{}), "
+                 "{}, {}",
+                 r.source, r.stage, r.world_size, r.to_world_size, r.output, r.parameters,
                  r.keys.empty() ? "" : ", ", fmt::join(r.keys, ", "), Count(r.files, "file"),
                  HumanBytes(r.bytes)))
           << "\n";
-    Out() << Printable(fmt::format("{} names it: load it with \"checkpoint\": "
-                                   "{{\"load_universal\": true}} on any number of ranks",
-                                   r.latest_universal))
+    Out() << Printable(fmt::format("resume it on {} ranks: load_checkpoint(\"{}\") (tag {})",
+                                   r.to_world_size, r.output, r.tag))
           << "\n";
+    return 0;
   }
+  Out() << Printable(fmt::format(
+               "{}: ZeRO stage {} from {} ranks -> universal checkpoint {}: {} parameters "
+               "(fp32{}{}), {}, {}",
+               r.source, r.stage, r.world_size, r.output, r.parameters, r.keys.empty() ? "" : ", ",
+               fmt::join(r.keys, ", "), Count(r.files, "file"), HumanBytes(r.bytes)))
+        << "\n";
+  Out() << Printable(fmt::format("{} names it: load it with \"checkpoint\": "
+                                 "{{\"load_universal\": true}} on any number of ranks",
+                                 r.latest_universal))
+        << "\n";
   return 0;
 }
 

@@ -50,6 +50,15 @@ ConvertResult ConvertFileInPlace(const std::string& path, const ConvertOptions& 
   return r;
 }
 
+void CheckPaths(const std::vector<std::string>& paths, const ConvertJobOptions& o) {
+  if (paths.empty()) throw UsageError("give checkpoint files or model folders to convert");
+  if (!o.output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
+    throw UsageError(
+        "-o names one output file: give exactly one input file (--output-dir for folders and "
+        "several inputs)");
+  }
+}
+
 }  // namespace
 
 size_t ConvertReport::failed() const {
@@ -79,12 +88,7 @@ nlohmann::ordered_json ToJson(const ConvertReport& r) {
 }
 
 ConvertTree PlanConvert(const std::vector<std::string>& paths, const ConvertJobOptions& o) {
-  if (paths.empty()) throw UsageError("give checkpoint files or model folders to convert");
-  if (!o.output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
-    throw UsageError(
-        "-o names one output file: give exactly one input file (--output-dir for folders and "
-        "several inputs)");
-  }
+  CheckPaths(paths, o);
   ConvertTree tree = PlanConvertTree(paths, o.output_dir, o.output_file, o.dtype, o.force);
   // A folder's training-only files (optimizer.pt, rng_state.pth...) are copied as they are (or
   // left out), unless training state is to be converted too. A file named on its own is
@@ -111,7 +115,7 @@ ConvertTree PlanConvert(const std::vector<std::string>& paths, const ConvertJobO
 }
 
 ConvertReport Convert(std::vector<std::string> paths, const ConvertJobOptions& o) {
-  if (paths.empty()) throw UsageError("give checkpoint files or model folders to convert");
+  CheckPaths(paths, o);  // before any archive is restored
   ArchiveInputs archives(paths, o.output_dir.empty() ? o.output_file : o.output_dir, o.threads,
                          "-o or --output-dir");
   ConvertTree tree = PlanConvert(paths, o);

@@ -42,7 +42,7 @@ std::vector<std::string> CollectFiles(const ShrinkJobOptions& o, std::vector<std
   if (!o.checkpoint_dir.empty()) {
     if (!fs::is_directory(o.checkpoint_dir)) Fail("{}: not a folder", o.checkpoint_dir);
     for (const std::string& f : ExpandInputs({o.checkpoint_dir}, nullptr, dcp)) {
-      if (!MatchesPatterns(f, o.patterns)) continue;
+      if (!MatchesPatterns(f, o.patterns) || (o.skip && o.skip(f))) continue;
       if (Shrinkable(f)) add(f, o.checkpoint_dir);
     }
   }

@@ -83,6 +83,18 @@ class HelpAndUsageTest(CkptTestCase):
         self.assertIn("give exactly one input file", r.stderr)
         self.assertFalse(os.path.exists(self.path("x.pt")))
         self.assertFalse(os.path.exists(self.path("e")))
+        # Options that do not fit together, found by a job rather than the parser: exit 2 too.
+        for args, said in ((("shrink", p, p, "-o", self.path("x.pt")), "-o names one output"),
+                           (("strip", p, p, "-o", self.path("x.pt")), "-o names one output"),
+                           (("compress", p, p, "-o", self.path("x.ckz")), "-o names one output"),
+                           (("decompress", p, "-c", "-o", self.path("x")), "cannot be used"),
+                           (("reshard", p, "--to", "zero"), "needs --world-size"),
+                           (("reshard", p, "--to", "universal", "--world-size", "2"),
+                            "--world-size is for --to zero")):
+            r = run(*args, expect=2)
+            self.assertIn(said, r.stderr, args)
+        self.assertFalse(os.path.exists(self.path("x.pt")))
+        self.assertFalse(os.path.exists(self.path("x.ckz")))
 
     def test_sizes_need_a_unit(self):
         p = self.path("m.pt")

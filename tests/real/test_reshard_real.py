@@ -302,9 +302,10 @@ class ReshardRealTest(TempDirTest):
                     expect=1)
             self.assertIn("the checkpoint", r.stderr)
         self.assertEqual(contents(root), before)
-        r = run("reshard", root, "--to", "zero", expect=1)
+        # Options that do not fit together: usage errors (exit 2).
+        r = run("reshard", root, "--to", "zero", expect=2)
         self.assertIn("--world-size", r.stderr)
-        r = run("reshard", root, "--to", "zero", "--world-size", 0, expect=1)
+        r = run("reshard", root, "--to", "zero", "--world-size", 0, expect=2)
         self.assertIn("--world-size", r.stderr)
         # The default output: the root's name + "-<M>ranks", beside it.
         run("reshard", root, "--to", "zero", "--world-size", 4)

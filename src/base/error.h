@@ -34,13 +34,19 @@ template <typename... Args>
   throw Error(fmt::format(format, std::forward<Args>(args)...));
 }
 
+// Throws `e` again with the message `what`, as the same kind of error (a usage error stays one).
+[[noreturn]] inline void Rethrow(const Error& e, const std::string& what) {
+  if (dynamic_cast<const UsageError*>(&e) != nullptr) throw UsageError(what);
+  throw Error(what);
+}
+
 // Runs fn(); if it throws ckpt::Error, rethrows with "context: " prepended.
 template <typename Fn>
 auto WithContext(const std::string& context, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const Error& e) {
-    throw Error(context + ": " + e.what());
+    Rethrow(e, context + ": " + e.what());
   }
 }
 

@@ -96,10 +96,10 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
     for (size_t i = 0, k = 0; i < paths.size(); ++i) {
       if (opened[i] != paths[i]) what = c->archives_[k++]->Rename(what, paths[i] + ": ");
     }
-    Fail("{}", what);
+    Rethrow(e, what);
   }
   if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
-    Fail("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
+    throw UsageError("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
   return c;
 }
 

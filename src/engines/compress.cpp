@@ -197,7 +197,7 @@ CompressResult CompressPath(const std::string& given, const CompressOptions& o) 
   if (!folder && !S_ISREG(st.st_mode)) Fail("{}: not a file or folder", path);
   if (!folder && path.ends_with(ckz::kArchiveSuffix))
     Fail("{}: already a .ckz archive (name ends in .ckz); not compressed again", path);
-  if (o.to_stdout && o.remove_input) Fail("--rm cannot be used with -c");
+  if (o.to_stdout && o.remove_input) throw UsageError("--rm cannot be used with -c");
   r.output = o.to_stdout ? "-" : (o.output.empty() ? DefaultArchiveName(path) : o.output);
   if (!o.to_stdout) {
     CheckOutputFree(r.output, o.force);

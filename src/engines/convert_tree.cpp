@@ -36,7 +36,7 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
                             bool force) {
   ConvertTree t;
   if (!output_file.empty() && (paths.size() != 1 || fs::is_directory(paths[0]))) {
-    Fail("-o names one output file: give exactly one input file");
+    throw UsageError("-o names one output file: give exactly one input file");
   }
   for (const std::string& path : paths) {
     if (!fs::is_directory(path)) {
@@ -46,10 +46,11 @@ ConvertTree PlanConvertTree(const std::vector<std::string>& paths, const std::st
         std::optional<Format> f = DetectFormat(m.bytes());
         bool st_out = output_file.ends_with(".safetensors");
         if (f && (*f == Format::kSafetensors) != st_out) {
-          Fail("-o {}: convert keeps {}'s format ({}); {}", output_file, path, FormatName(*f),
-               st_out ? fmt::format("`ckptool export {} -o {} --dtype {}` writes safetensors", path,
-                                    output_file, dtype_name)
-                      : "name the output .safetensors");
+          throw UsageError(fmt::format(
+              "-o {}: convert keeps {}'s format ({}); {}", output_file, path, FormatName(*f),
+              st_out ? fmt::format("`ckptool export {} -o {} --dtype {}` writes safetensors", path,
+                                   output_file, dtype_name)
+                     : "name the output .safetensors"));
         }
         t.checkpoints.push_back({path, output_file});
       } else if (!output_dir.empty()) {

@@ -32,7 +32,7 @@ DecompressResult DecompressArchive(const std::string& path, const DecompressOpti
   if (o.to_stdout) {
     if (index.kind != ckz::ArchiveKind::kFile)
       Fail("{}: holds a folder; -c streams a one-file archive only", path);
-    if (o.remove_input) Fail("--rm cannot be used with -c");
+    if (o.remove_input) throw UsageError("--rm cannot be used with -c");
     r.output.assign(1, '-');  // (= "-" trips GCC 12's false -Wrestrict once inlined)
     StreamArchive(a, STDOUT_FILENO, {o.threads, false, o.bytes_done});
     return r;

@@ -122,7 +122,7 @@ void StripPrefixes(LogicalModel& m, const std::vector<std::string>& prefixes,
     strip(owner);
   }
   for (size_t k = 0; k < prefixes.size(); ++k) {
-    if (prefixes[k].empty()) Fail("--strip-prefix: give a prefix, such as module.");
+    if (prefixes[k].empty()) throw UsageError("--strip-prefix: give a prefix, such as module.");
     if (!hits[k])
       warnings.push_back(fmt::format("--strip-prefix {}: no name starts with it", prefixes[k]));
   }
@@ -289,7 +289,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   } catch (const Error& e) {
     std::string what = e.what();
     for (size_t i = 0; i < c->archives().size(); ++i) what = c->archives()[i]->Rename(what, "");
-    Fail("{}", what);
+    Rethrow(e, what);
   }
   r.selected = std::move(selected);
   // Weights written into a folder (not one .safetensors or torch file): the model folder's

@@ -131,7 +131,8 @@ ExportResult ExportLogical(const LogicalModel& m, const std::string& to, const E
     return r;
   }
   if (torch_output) {
-    if (o.max_shard_size) Fail("--max-shard-size applies to safetensors output, not {}", to);
+    if (o.max_shard_size)
+      throw UsageError(fmt::format("--max-shard-size applies to safetensors output, not {}", to));
     TorchOutputOptions to_opts;
     to_opts.threads = o.threads;
     to_opts.inputs = m.inputs;

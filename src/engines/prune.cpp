@@ -274,7 +274,7 @@ PruneResult Prune(const std::string& root_arg, const PruneOptions& o) {
 PruneResult PlanPrune(const std::string& root_arg, const PruneOptions& o,
                       const CompletenessTest& complete, const CompletenessTest& intact) {
   if (o.keep_last < 1)
-    Fail("--keep-last must be at least 1: ckptool never deletes every checkpoint");
+    throw UsageError("--keep-last must be at least 1: ckptool never deletes every checkpoint");
   fs::path root(root_arg);
   if (!fs::is_directory(root)) Fail("{}: not a folder", root_arg);
   PruneResult r;

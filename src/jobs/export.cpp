@@ -111,7 +111,7 @@ ExportReport Export(const ExportJobOptions& o) {
     report.result = ckpt::Export(o.sources, write_to, eo);
   } catch (const Error& e) {
     if (!place || place->Unmasked(e.what()) == e.what()) throw;
-    throw Error(place->Unmasked(e.what()));
+    Rethrow(e, place->Unmasked(e.what()));
   }
   if (place) report.result.files = place->Commit(report.result.files);
   report.reports = !o.spread || cluster::IsRoot();  // rank 0 reports

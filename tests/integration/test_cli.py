@@ -90,11 +90,19 @@ class HelpAndUsageTest(CkptTestCase):
                            (("decompress", p, "-c", "-o", self.path("x")), "cannot be used"),
                            (("reshard", p, "--to", "zero"), "needs --world-size"),
                            (("reshard", p, "--to", "universal", "--world-size", "2"),
-                            "--world-size is for --to zero")):
+                            "--world-size is for --to zero"),
+                           (("convert", p, "--dtype", "bf16", "-o", self.path("x.safetensors")),
+                            "convert keeps"),
+                           (("export", p, "--to", self.path("x.pt"), "--max-shard-size", "1KiB"),
+                            "applies to safetensors output"),
+                           (("export", p, "--to", self.path("e"), "--tag", "t"),
+                            "apply to DeepSpeed ZeRO"),
+                           (("export", p, "--to", self.path("e"), "--strip-prefix", ""),
+                            "give a prefix")):
             r = run(*args, expect=2)
             self.assertIn(said, r.stderr, args)
-        self.assertFalse(os.path.exists(self.path("x.pt")))
-        self.assertFalse(os.path.exists(self.path("x.ckz")))
+        for made in ("x.pt", "x.ckz", "x.safetensors", "e"):
+            self.assertFalse(os.path.exists(self.path(made)), made)
 
     def test_sizes_need_a_unit(self):
         p = self.path("m.pt")

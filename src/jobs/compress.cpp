@@ -70,23 +70,10 @@ Spread SpreadOf(const std::vector<std::string>& paths, bool spread) {
   return Spread(paths, sizes);
 }
 
-template <typename R>
-nlohmann::ordered_json FilesJson(const PathsReport<R>& r) {
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (const PathOutcome<R>& p : r.paths) {
-    if (p.error.empty()) {
-      doc["files"].push_back(nlohmann::ordered_json(p.result));
-    } else {
-      doc["files"].push_back({{"input", p.input}, {"error", p.error}});
-    }
-  }
-  return doc;
-}
-
 }  // namespace
 
 nlohmann::ordered_json ToJson(const CompressReport& r) {
-  nlohmann::ordered_json doc = FilesJson(r);
+  nlohmann::ordered_json doc = OutcomesJson(r.paths, "input");
   uint64_t before = 0, after = 0;
   for (const PathOutcome<CompressResult>& p : r.paths) {
     if (!p.error.empty()) continue;
@@ -99,7 +86,7 @@ nlohmann::ordered_json ToJson(const CompressReport& r) {
 }
 
 nlohmann::ordered_json ToJson(const DecompressReport& r) {
-  return FilesJson(r);
+  return OutcomesJson(r.paths, "input");
 }
 
 CompressReport Compress(const CompressJobOptions& o, const PathDone<CompressResult>& done) {

@@ -13,29 +13,21 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "engines/compress.h"
+#include "jobs/outcome.h"
 #include "jobs/progress.h"
 
 namespace ckpt::jobs {
 
-// What became of one path.
+// What became of one path (the error does not name it: NamingFile(input, error) does).
 template <typename R>
-struct PathOutcome {
-  std::string input;
-  std::string error;  // why it failed ("" when done); NamingFile(input, error) names the path
-  R result;
-};
+using PathOutcome = Outcome<R>;
 
 template <typename R>
 struct PathsReport {
   bool reports = true;  // false on ranks other than 0: rank 0's report holds every rank's paths
   std::vector<PathOutcome<R>> paths;
 
-  bool ok() const {
-    for (const PathOutcome<R>& p : paths) {
-      if (!p.error.empty()) return false;
-    }
-    return true;
-  }
+  bool ok() const { return FailedOf(paths) == 0; }
 };
 
 template <typename R>

@@ -62,8 +62,7 @@ void CheckPaths(const std::vector<std::string>& paths, const ConvertJobOptions& 
 }  // namespace
 
 size_t ConvertReport::failed() const {
-  return static_cast<size_t>(std::count_if(
-      files.begin(), files.end(), [](const ConvertedFile& f) { return !f.error.empty(); }));
+  return FailedOf(files);
 }
 
 bool ConvertReport::ok() const {
@@ -73,14 +72,7 @@ bool ConvertReport::ok() const {
 }
 
 nlohmann::ordered_json ToJson(const ConvertReport& r) {
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (const ConvertedFile& f : r.files) {
-    if (f.error.empty()) {
-      doc["files"].push_back(nlohmann::ordered_json(f.result));
-    } else {
-      doc["files"].push_back({{"path", f.input}, {"error", f.error}});
-    }
-  }
+  nlohmann::ordered_json doc = OutcomesJson(r.files, "path");
   doc["before"] = r.before;
   doc["after"] = r.after;
   doc["copied_files"] = r.copies.size();

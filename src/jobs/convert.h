@@ -14,6 +14,7 @@
 
 #include "engines/convert.h"
 #include "engines/convert_tree.h"
+#include "jobs/outcome.h"
 #include "jobs/progress.h"
 
 namespace ckpt::jobs {
@@ -33,11 +34,8 @@ struct ConvertJobOptions {
   ProgressShown progress;
 };
 
-struct ConvertedFile {
-  std::string input;  // as the caller named it (an archive's member as "ARCHIVE: path")
-  std::string error;  // why it failed ("" when converted), naming the file
-  ConvertResult result;
-};
+// A file converted, or why not (the error names the file).
+using ConvertedFile = Outcome<ConvertResult>;
 
 // A folder's other file copied, or an index rewritten (`total_size` its new total).
 struct CarriedFile {

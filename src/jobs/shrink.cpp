@@ -67,19 +67,11 @@ std::vector<std::string> CollectFiles(const ShrinkJobOptions& o, std::vector<std
 }  // namespace
 
 size_t ShrinkReport::failed() const {
-  return static_cast<size_t>(std::count_if(files.begin(), files.end(),
-                                           [](const ShrunkFile& f) { return !f.error.empty(); }));
+  return FailedOf(files);
 }
 
 nlohmann::ordered_json ToJson(const ShrinkReport& r) {
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (const ShrunkFile& f : r.files) {
-    if (f.error.empty()) {
-      doc["files"].push_back(nlohmann::ordered_json(f.result));
-    } else {
-      doc["files"].push_back({{"path", f.input}, {"error", f.error}});
-    }
-  }
+  nlohmann::ordered_json doc = OutcomesJson(r.files, "path");
   doc["before"] = r.before;
   doc["after"] = r.after;
   doc["saved"] = r.saved();

@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "engines/shrink.h"
+#include "jobs/outcome.h"
 #include "jobs/progress.h"
 
 namespace ckpt::jobs {
@@ -35,11 +36,8 @@ struct ShrinkJobOptions {
   ProgressShown progress;
 };
 
-struct ShrunkFile {
-  std::string input;
-  std::string error;  // why it failed ("" when done), naming the file
-  ShrinkResult result;
-};
+// A file shrunk, or why not (the error names the file).
+using ShrunkFile = Outcome<ShrinkResult>;
 
 struct ShrinkReport {
   bool reports = true;  // false on ranks other than 0: rank 0's report holds every rank's files

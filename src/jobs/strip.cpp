@@ -22,8 +22,7 @@ namespace ckpt::jobs {
 namespace fs = std::filesystem;
 
 size_t StripReport::failed() const {
-  return static_cast<size_t>(std::count_if(files.begin(), files.end(),
-                                           [](const StrippedFile& f) { return !f.error.empty(); }));
+  return FailedOf(files);
 }
 
 bool StripReport::ok() const {
@@ -32,14 +31,7 @@ bool StripReport::ok() const {
 }
 
 nlohmann::ordered_json ToJson(const StripReport& r) {
-  nlohmann::ordered_json doc = {{"files", nlohmann::ordered_json::array()}};
-  for (const StrippedFile& f : r.files) {
-    if (f.error.empty()) {
-      doc["files"].push_back(nlohmann::ordered_json(f.result));
-    } else {
-      doc["files"].push_back({{"path", f.input}, {"error", f.error}});
-    }
-  }
+  nlohmann::ordered_json doc = OutcomesJson(r.files, "path");
   nlohmann::ordered_json training = nlohmann::ordered_json::array();
   for (const TrainingFile& t : r.training_files) {
     nlohmann::ordered_json row = {{"path", t.path}, {"bytes", t.bytes}, {"deleted", t.deleted}};

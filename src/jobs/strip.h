@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "engines/strip.h"
+#include "jobs/outcome.h"
 #include "jobs/progress.h"
 
 namespace ckpt::jobs {
@@ -29,11 +30,8 @@ struct StripJobOptions {
   ProgressShown progress;
 };
 
-struct StrippedFile {
-  std::string input;  // a file or a torch.distributed.checkpoint folder
-  std::string error;  // why it failed ("" when done), naming it
-  StripResult result;
-};
+// A file or torch.distributed.checkpoint folder stripped, or why not (the error names it).
+using StrippedFile = Outcome<StripResult>;
 
 // A training-only file found in a folder given, and what became of it.
 struct TrainingFile {

@@ -55,9 +55,8 @@ void PrintError(const std::string& message);
 // Prints "ckptool: warning: <message>" to stderr.
 void PrintWarning(const std::string& message);
 
-// For one file of a job: when `error` is set, prints it and adds {path, error} to the JSON
-// report's file list; true when the file failed.
-bool ReportFailure(const std::string& path, const std::string& error, bool json,
-                   nlohmann::ordered_json& json_files);
+// For one file of a job: prints `error` when it is set; true when the file failed. (The job's
+// ToJson lists the failures in --json's report.)
+bool ReportFailure(const std::string& error);
 
 }  // namespace ckpt::cli

@@ -78,9 +78,9 @@ int RunCompress(const CompressCliOptions& o) {
   co.allow_damaged = o.allow_damaged;
   jo.paths = o.paths;
   jo.progress = ProgressFor(!o.json && !o.quiet);
+  jobs::CheckPaths(o.paths, o.output, o.to_stdout, o.remove_input);
   if (StdoutRefused(o.to_stdout)) return 2;
-  if (o.to_stdout && !o.dry_run && o.paths.size() == 1 && o.output.empty() && !o.remove_input &&
-      ::isatty(STDOUT_FILENO)) {
+  if (o.to_stdout && !o.dry_run && ::isatty(STDOUT_FILENO)) {
     PrintError("stdout is a terminal: not writing an archive to it (redirect it, or drop -c)");
     return 1;
   }
@@ -131,6 +131,7 @@ int RunDecompress(const DecompressCliOptions& o) {
   d.dry_run = o.dry_run;
   jo.paths = o.paths;
   jo.progress = ProgressFor(!o.json && !o.quiet);
+  jobs::CheckPaths(o.paths, o.output, o.to_stdout, o.remove_input);
   if (StdoutRefused(o.to_stdout)) return 2;
   const bool progress_on = static_cast<bool>(jo.progress);
   auto done = [&](const jobs::PathOutcome<DecompressResult>& p) {

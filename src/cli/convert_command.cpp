@@ -35,9 +35,8 @@ int RunConvert(ConvertCliOptions o) {
   jobs::ConvertReport report = jobs::Convert(o.paths, jo);
   if (!report.reports) return 0;  // rank 0 reports for every rank
   int rc = report.ok() ? 0 : 1;
-  nlohmann::ordered_json failures = nlohmann::ordered_json::array();
   for (const jobs::ConvertedFile& f : report.files) {
-    if (ReportFailure(f.input, f.error, false, failures)) continue;
+    if (ReportFailure(f.error)) continue;
     const ConvertResult& r = f.result;
     for (const std::string& w : r.warnings) PrintWarning(r.path + ": " + w);
     if (o.json || o.quiet) continue;

@@ -69,11 +69,9 @@ void PrintWarning(const std::string& message) {
   SayWarning(message);
 }
 
-bool ReportFailure(const std::string& path, const std::string& error, bool json,
-                   nlohmann::ordered_json& json_files) {
+bool ReportFailure(const std::string& error) {
   if (error.empty()) return false;
   PrintError(error);
-  if (json) json_files.push_back({{"path", path}, {"error", error}});
   return true;
 }
 

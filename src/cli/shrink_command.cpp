@@ -47,9 +47,8 @@ int RunShrink(ShrinkCliOptions o) {
   auto size = [&](uint64_t bytes) {
     return jo.checkpoint_dir.empty() ? HumanBytes(bytes) : fmt::format("{:.2f}MiB", MiB(bytes));
   };
-  nlohmann::ordered_json failures = nlohmann::ordered_json::array();
   for (const jobs::ShrunkFile& f : report.files) {
-    if (ReportFailure(f.input, f.error, false, failures)) continue;
+    if (ReportFailure(f.error)) continue;
     const ShrinkResult& r = f.result;
     if (!o.json && o.debug && !o.quiet) {
       Out() << fmt::format("{}: before {}, after {}, saved {}{}\n", r.path, size(r.before),

@@ -31,9 +31,8 @@ int RunStrip(StripCliOptions o) {
   jo.progress = ProgressFor(!o.json && !dry_run);
   jobs::StripReport report = jobs::Strip(jo);
   if (!report.reports) return 0;  // rank 0 reports for every rank
-  nlohmann::ordered_json failures = nlohmann::ordered_json::array();
   for (const jobs::StrippedFile& f : report.files) {
-    if (ReportFailure(f.input, f.error, false, failures)) continue;
+    if (ReportFailure(f.error)) continue;
     if (o.json || o.quiet) continue;
     const StripResult& r = f.result;
     for (const DroppedEntry& d : r.dropped) {

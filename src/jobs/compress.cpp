@@ -13,16 +13,6 @@ namespace ckpt::jobs {
 
 namespace {
 
-void CheckPaths(const std::vector<std::string>& paths, const std::string& output, bool to_stdout,
-                bool remove_input) {
-  if (!output.empty() && paths.size() > 1)
-    throw UsageError("-o names one output: give one input with it");
-  if (to_stdout && paths.size() > 1)
-    throw UsageError("-c streams one input: give one input with it");
-  if (to_stdout && !output.empty()) throw UsageError("-c and -o cannot be used together");
-  if (to_stdout && remove_input) throw UsageError("--rm cannot be used with -c");
-}
-
 // This rank's paths one at a time under one meter; rank 0 learns of every path in input
 // order: `live` (a single process, or a job on one rank) as soon as each is done, an MPI job
 // once every rank's are in.
@@ -63,14 +53,22 @@ PathsReport<R> RunEach(const std::vector<std::string>& paths, Spread& spread, bo
   return report;
 }
 
-Spread SpreadOf(const std::vector<std::string>& paths, bool spread) {
-  if (!spread) return Spread::Local(paths);
-  std::vector<uint64_t> sizes;
-  for (const std::string& p : paths) sizes.push_back(TreeBytes(p));
-  return Spread(paths, sizes);
+Spread SpreadOf(const std::vector<std::string>& paths, const std::vector<uint64_t>& sizes,
+                bool spread) {
+  return spread ? Spread(paths, sizes) : Spread::Local(paths);
 }
 
 }  // namespace
+
+void CheckPaths(const std::vector<std::string>& paths, const std::string& output, bool to_stdout,
+                bool remove_input) {
+  if (!output.empty() && paths.size() > 1)
+    throw UsageError("-o names one output: give one input with it");
+  if (to_stdout && paths.size() > 1)
+    throw UsageError("-c streams one input: give one input with it");
+  if (to_stdout && !output.empty()) throw UsageError("-c and -o cannot be used together");
+  if (to_stdout && remove_input) throw UsageError("--rm cannot be used with -c");
+}
 
 nlohmann::ordered_json ToJson(const CompressReport& r) {
   nlohmann::ordered_json doc = OutcomesJson(r.paths, "input");
@@ -91,9 +89,11 @@ nlohmann::ordered_json ToJson(const DecompressReport& r) {
 
 CompressReport Compress(const CompressJobOptions& o, const PathDone<CompressResult>& done) {
   CheckPaths(o.paths, o.engine.output, o.engine.to_stdout, o.engine.remove_input);
-  Spread spread = SpreadOf(o.paths, o.spread);
+  std::vector<uint64_t> sizes;
+  for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
+  Spread spread = SpreadOf(o.paths, sizes, o.spread);
   uint64_t total = 0;
-  for (size_t i : spread.mine()) total += TreeBytes(o.paths[i]);
+  for (size_t i : spread.mine()) total += sizes[i];
   CompressOptions co = o.engine;
   co.threads = std::max(1u, co.threads);
   return RunEach<CompressResult>(
@@ -107,8 +107,10 @@ CompressReport Compress(const CompressJobOptions& o, const PathDone<CompressResu
 
 DecompressReport Decompress(const DecompressJobOptions& o, const PathDone<DecompressResult>& done) {
   CheckPaths(o.paths, o.engine.output, o.engine.to_stdout, o.engine.remove_input);
-  Spread spread = SpreadOf(o.paths, o.spread);
-  uint64_t total = 0;
+  std::vector<uint64_t> sizes;
+  for (const std::string& p : o.paths) sizes.push_back(TreeBytes(p));
+  Spread spread = SpreadOf(o.paths, sizes, o.spread);
+  uint64_t total = 0;  // of the files the archives restore
   for (size_t i : spread.mine()) {
     if (!o.progress) break;
     try {

@@ -54,6 +54,11 @@ using DecompressReport = PathsReport<DecompressResult>;
 nlohmann::ordered_json ToJson(const CompressReport& r);
 nlohmann::ordered_json ToJson(const DecompressReport& r);
 
+// Throws ckpt::UsageError when paths and outputs do not fit (-o or -c with several paths; -c
+// with -o or with removing the input): what Compress and Decompress check first.
+void CheckPaths(const std::vector<std::string>& paths, const std::string& output, bool to_stdout,
+                bool remove_input);
+
 // Throw ckpt::UsageError when paths and outputs do not fit (-o or -c with several paths; -c
 // with -o or with removing the input).
 CompressReport Compress(const CompressJobOptions& o, const PathDone<CompressResult>& done = {});

@@ -11,27 +11,21 @@ namespace ckpt::jobs {
 
 nlohmann::ordered_json ToJson(const ReshardReport& report) {
   const ReshardResult& r = report.result;
-  if (report.to == ReshardTo::kZero) {
-    return {{"source", r.source},
-            {"output", r.output},
-            {"tag", r.tag},
-            {"stage", r.stage},
-            {"world_size", r.world_size},
-            {"to_world_size", r.to_world_size},
-            {"parameters", r.parameters},
-            {"optimizer_state", r.keys},
-            {"files", r.files},
-            {"bytes", r.bytes}};
+  const bool zero = report.to == ReshardTo::kZero;
+  nlohmann::ordered_json j = {{"source", r.source}, {"output", r.output}};
+  if (zero) {
+    j["tag"] = r.tag;
+  } else {
+    j["latest_universal"] = r.latest_universal;
   }
-  return {{"source", r.source},
-          {"output", r.output},
-          {"latest_universal", r.latest_universal},
-          {"stage", r.stage},
-          {"world_size", r.world_size},
-          {"parameters", r.parameters},
-          {"optimizer_state", r.keys},
-          {"files", r.files},
-          {"bytes", r.bytes}};
+  j["stage"] = r.stage;
+  j["world_size"] = r.world_size;
+  if (zero) j["to_world_size"] = r.to_world_size;
+  j["parameters"] = r.parameters;
+  j["optimizer_state"] = r.keys;
+  j["files"] = r.files;
+  j["bytes"] = r.bytes;
+  return j;
 }
 
 ReshardReport Reshard(const ReshardJobOptions& o) {

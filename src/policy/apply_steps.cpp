@@ -104,7 +104,7 @@ bool Under(const std::string& file, const std::vector<std::string>& dirs) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The steps. Each calls the op its command runs.
+// The steps. Each runs its command's job (jobs/).
 
 uint64_t FileSize(const std::string& path) {
   std::error_code ec;
@@ -112,15 +112,13 @@ uint64_t FileSize(const std::string& path) {
   return ec ? 0 : n;
 }
 
-// Checkpoint files of the entry, as every command discovers them (ExpandInputs: by content;
-// torch.distributed.checkpoint folders apart), outputs left out.
-std::vector<std::string> CheckpointFiles(const StepContext& c, std::vector<std::string>* dcp) {
+// The torch.distributed.checkpoint folders of the entry, as every command discovers them
+// (ExpandInputs), outputs left out.
+std::vector<std::string> DcpFoldersOf(const StepContext& c) {
   std::vector<std::string> folders;
-  std::vector<std::string> files = ExpandInputs({c.e.path}, nullptr, &folders);
-  std::erase_if(files, [&](const std::string& f) { return Under(f, c.outputs_inside); });
+  ExpandInputs({c.e.path}, nullptr, &folders);
   std::erase_if(folders, [&](const std::string& f) { return Under(f, c.outputs_inside); });
-  if (dcp) *dcp = folders;
-  return files;
+  return folders;
 }
 
 StepOutcome RunShrink(const StepContext& c) {
@@ -213,11 +211,8 @@ StepOutcome RunStrip(const StepContext& c) {
 StepOutcome RunConvert(const StepContext& c) {
   const policy::ConvertStep& s = *c.p.convert;
   StepOutcome o;
-  if (c.e.folder) {
-    std::vector<std::string> dcp;
-    CheckpointFiles(c, &dcp);
-    if (!dcp.empty())
-      Fail("torch.distributed.checkpoint folders are not converted: use [export] with dtype");
+  if (c.e.folder && !DcpFoldersOf(c).empty()) {
+    Fail("torch.distributed.checkpoint folders are not converted: use [export] with dtype");
   }
   ConvertOptions co;
   co.to = s.dtype;

@@ -1,7 +1,7 @@
 // A .ckz archive (compress/archive.h): described from its index without decoding, verified
 // chunk by chunk; the checkpoints it holds are described and verified as they would be once
-// restored, read in place through the archive's skeleton (checkpoint/archive_view.h) and named
-// "<archive>: <path inside>", never by the temp folder.
+// restored, read in place through the archive's volume (checkpoint/archive_view.h) and named
+// "<archive>: <path inside>".
 #include <fmt/format.h>
 
 #include <memory>
@@ -139,7 +139,7 @@ class ArchiveCheckpoint : public Checkpoint {
  private:
   Held Open(unsigned threads) const {
     Held h;
-    h.view = ArchiveView::Open(path(), ReadOnlyTempParent(), threads);
+    h.view = ArchiveView::Open(path(), threads);
     auto named = [&](const Located& l) {
       std::unique_ptr<Checkpoint> c = CheckpointAt(l);
       c->set_name(path() + ": " + h.view->Relative(c->path()));
@@ -156,7 +156,7 @@ class ArchiveCheckpoint : public Checkpoint {
         case Container::kFile:
         case Container::kModelFolder:
         case Container::kArchive:  // an archive inside an archive is only a file here
-          h.files.push_back(named({Container::kFile, l.path}));
+          h.files.push_back(named({Container::kFile, l.path, l.volume}));
           break;
       }
     }

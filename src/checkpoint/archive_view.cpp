@@ -12,29 +12,33 @@ namespace ckpt {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<ArchiveView> ArchiveView::Prepare(const std::string& archive,
-                                                  const std::string& parent) {
-  std::unique_ptr<ArchiveView> v(new ArchiveView());
-  CreateFolders(parent, archive);
-  RemoveStaleTempsIn(parent);
-  v->folder_.path = TempPathFor((fs::path(parent) / "archive").string());
-  fs::create_directory(v->folder_.path);
+namespace {
+
+// The name the held path gets: the original's, as the archive's name says it.
+std::string HeldName(const std::string& archive) {
   std::string name = DefaultRestoredName(archive);
-  name = name.empty() ? "restored" : fs::path(name).filename().string();
-  v->root_ = (fs::path(v->folder_.path) / name).string();
-  return v;
+  return name.empty() ? "restored" : fs::path(name).filename().string();
 }
 
-std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive,
-                                               const std::string& parent, unsigned threads) {
-  std::unique_ptr<ArchiveView> v = Prepare(archive, parent);
-  v->skeleton_ = ckz::Skeleton::Build(archive, v->root_, threads);  // errors name the archive
+}  // namespace
+
+std::unique_ptr<ArchiveView> ArchiveView::Open(const std::string& archive, unsigned threads) {
+  std::unique_ptr<ArchiveView> v(new ArchiveView());
+  // Errors name the archive.
+  v->volume_ = ckz::ArchiveVolume::Open(archive, (fs::path(archive) / HeldName(archive)).string(),
+                                        threads ? threads : 1);
+  v->root_ = v->volume_->root();
   return v;
 }
 
 std::unique_ptr<ArchiveView> ArchiveView::Restore(const std::string& archive,
                                                   const std::string& parent, unsigned threads) {
-  std::unique_ptr<ArchiveView> v = Prepare(archive, parent);
+  std::unique_ptr<ArchiveView> v(new ArchiveView());
+  CreateFolders(parent, archive);
+  RemoveStaleTempsIn(parent);
+  v->folder_.path = TempPathFor((fs::path(parent) / "archive").string());
+  fs::create_directory(v->folder_.path);
+  v->root_ = (fs::path(v->folder_.path) / HeldName(archive)).string();
   RestoreOptions o;
   o.threads = threads ? threads : 1;
   // Errors name the archive; every chunk's CRC is checked.
@@ -56,18 +60,8 @@ std::string ArchiveView::Rename(std::string text, const std::string& prefix) con
 }
 
 std::vector<Located> ArchiveView::Checkpoints() const {
-  std::error_code ec;
-  if (fs::is_regular_file(root(), ec)) {
-    MappedFile m = MappedFile::Open(root());
-    if (!DetectFormat(m.bytes())) return {};
-  }
-  return Locate({root()});
-}
-
-std::string ReadOnlyTempParent() {
-  std::error_code ec;
-  fs::path tmp = fs::temp_directory_path(ec);
-  return ec ? std::string(".") : tmp.string();
+  if (volume().IsFile(root()) && !DetectFormat(volume().Open(root()).bytes())) return {};
+  return Locate(volume_, {root()});
 }
 
 }  // namespace ckpt

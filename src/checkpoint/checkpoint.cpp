@@ -32,26 +32,30 @@ std::optional<FileReport> ReportCache::Take(const std::string& path) {
 }
 
 std::unique_ptr<OpenedCheckpoint> Checkpoint::OpenModel(const OpenOptions& o) const {
-  return OpenedCheckpoint::Open(path_, o);
+  return volume_ ? OpenedCheckpoint::Open(path_, o, *volume_) : OpenedCheckpoint::Open(path_, o);
 }
 
 // The kinds: a new container is a value of Container (its test in ContainerOf), a file
 // implementing Checkpoint, and a line in each switch below (-Wswitch, an error in CI, names
 // both).
 std::unique_ptr<Checkpoint> CheckpointAt(const Located& l) {
-  switch (l.kind) {
-    case Container::kFile:
-      return kinds::OpenFile(l.path);
-    case Container::kArchive:
-      return kinds::OpenArchive(l.path);
-    case Container::kZero:
-      return kinds::OpenZero(l.path);
-    case Container::kDcp:
-      return kinds::OpenDcp(l.path);
-    case Container::kModelFolder:  // described and verified by its files (Locate walks them)
-      return kinds::OpenFile(l.path);
-  }
-  Fail("{}: internal error: a kind of container without an implementation", l.path);
+  std::unique_ptr<Checkpoint> c = [&] {
+    switch (l.kind) {
+      case Container::kFile:
+        return kinds::OpenFile(l.path);
+      case Container::kArchive:
+        return kinds::OpenArchive(l.path);
+      case Container::kZero:
+        return kinds::OpenZero(l.path);
+      case Container::kDcp:
+        return kinds::OpenDcp(l.path);
+      case Container::kModelFolder:  // described and verified by its files (Locate walks them)
+        return kinds::OpenFile(l.path);
+    }
+    Fail("{}: internal error: a kind of container without an implementation", l.path);
+  }();
+  c->set_volume(l.volume);
+  return c;
 }
 
 std::vector<std::unique_ptr<Checkpoint>> FindCheckpoints(const std::vector<std::string>& paths,

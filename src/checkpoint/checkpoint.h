@@ -65,6 +65,9 @@ class Checkpoint {
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
+  // What its files are read from: the disk, or an archive's volume (read in place).
+  const Volume& volume() const { return volume_ ? *volume_ : Disk(); }
+  void set_volume(std::shared_ptr<const Volume> volume) { volume_ = std::move(volume); }
 
   virtual Container kind() const = 0;
 
@@ -93,6 +96,7 @@ class Checkpoint {
 
  private:
   std::string path_, name_;
+  std::shared_ptr<const Volume> volume_;
 };
 
 // The implementation of `l.kind` for the checkpoint at `l.path` (nothing read yet: every

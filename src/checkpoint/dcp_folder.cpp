@@ -28,7 +28,7 @@ class DcpFolder : public Checkpoint {
   }
 
   VerifyOutcome Verify(unsigned threads, const torch::Trust& trust, bool checksums) const override {
-    dcp::Checkpoint c = dcp::OpenDcp(path(), trust);
+    dcp::Checkpoint c = dcp::OpenDcp(path(), trust, volume());
     DcpVerifyResult r = VerifyDcp(c, threads, checksums);
     return VerifyOutcome{
         std::move(r.problems),
@@ -43,7 +43,7 @@ class DcpFolder : public Checkpoint {
 
  private:
   dcp::Checkpoint Open() const {
-    dcp::Checkpoint c = dcp::OpenDcp(path());
+    dcp::Checkpoint c = dcp::OpenDcp(path(), {}, volume());
     c.folder = name();
     return c;
   }

@@ -2,9 +2,12 @@
 // container that holds it, decided by content, here, once for every command.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "io/volume.h"
 
 namespace ckpt {
 
@@ -18,18 +21,26 @@ enum class Container {
   kModelFolder,  // any other folder: the checkpoint files in it
   kFile,         // any other file: a torch or safetensors file by its content, or none
 };
-Container ContainerOf(const std::string& path);  // throws when nothing is there
+// Throws when nothing is there.
+Container ContainerOf(const std::string& path, const Volume& volume = Disk());
 
 // One checkpoint a command was given, and what holds it.
 struct Located {
   Container kind;
   std::string path;
+  // What `path` is read from: an archive's volume (compress/archive_volume.h); null: the disk.
+  std::shared_ptr<const Volume> volume;
 };
+const Volume& VolumeOf(const Located& l);
 
 // The checkpoints `inputs` name, in the order reports list them: archives, checkpoint files
 // (folders walked as ExpandInputs walks them: a ZeRO folder's rank files too), ZeRO folders,
 // then DCP folders. `skipped` as for ExpandInputs.
 std::vector<Located> Locate(const std::vector<std::string>& inputs,
+                            std::vector<std::string>* skipped = nullptr);
+// The same for paths of `volume` (null: the disk), which each Located keeps.
+std::vector<Located> Locate(std::shared_ptr<const Volume> volume,
+                            const std::vector<std::string>& inputs,
                             std::vector<std::string>* skipped = nullptr);
 
 // The one folder discovery every command uses. Files stay as given; a folder becomes every
@@ -40,7 +51,8 @@ std::vector<Located> Locate(const std::vector<std::string>& inputs,
 // folder entries that are not checkpoints.
 std::vector<std::string> ExpandInputs(const std::vector<std::string>& inputs,
                                       std::vector<std::string>* skipped = nullptr,
-                                      std::vector<std::string>* dcp_folders = nullptr);
+                                      std::vector<std::string>* dcp_folders = nullptr,
+                                      const Volume& volume = Disk());
 
 // What a file holds, by its content: a torch file (zip or legacy), a safetensors file, or
 // none of them (nullopt). Throws ckpt::Error when it cannot be read.
@@ -52,7 +64,8 @@ std::optional<FileKind> FileKindOf(const std::string& path);
 // else the torch files; training-only files (optimizer.pt, rng_state.pth...) and
 // training_args.bin only with `all`; links (Lightning's last.ckpt) never: they repeat a file.
 // Sorted. Throws ckpt::Error when there are none.
-std::vector<std::string> ModelFilesIn(const std::string& folder, bool all);
+std::vector<std::string> ModelFilesIn(const std::string& folder, bool all,
+                                      const Volume& volume = Disk());
 
 // Is `path` a model folder whose model files (ModelFilesIn) are all safetensors?
 bool IsSafetensorsModelFolder(const std::string& path);

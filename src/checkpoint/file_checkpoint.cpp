@@ -29,7 +29,7 @@ class FileCheckpoint : public Checkpoint {
   }
 
   VerifyOutcome Verify(unsigned threads, const torch::Trust& trust, bool checksums) const override {
-    CheckpointFile f = OpenCheckpoint(path());
+    CheckpointFile f = OpenCheckpoint(volume(), path());
     VerifyResult r = ckpt::Verify(f, threads, trust, checksums);
     std::string what = f.format != Format::kTorchZip
                            ? "structure checked; the format carries no checksums"
@@ -46,7 +46,8 @@ class FileCheckpoint : public Checkpoint {
   // reading made of it.
   FileReport Report(const DescribeOptions& o, size_t rows) const {
     std::optional<FileReport> cached = o.cache ? o.cache->Take(path()) : std::nullopt;
-    FileReport r = cached ? std::move(*cached) : BuildReport(OpenCheckpoint(path()), rows, o.trust);
+    FileReport r =
+        cached ? std::move(*cached) : BuildReport(OpenCheckpoint(volume(), path()), rows, o.trust);
     r.path = name();
     return r;
   }

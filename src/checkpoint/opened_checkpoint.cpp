@@ -41,40 +41,59 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path
   return Open(std::vector<std::string>{path}, o);
 }
 
+std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path,
+                                                         const OpenOptions& o,
+                                                         const Volume& volume) {
+  std::unique_ptr<OpenedCheckpoint> c(new OpenedCheckpoint());
+  c->path_ = c->opened_ = path;
+  c->on_disk_ = &volume == &Disk();
+  c->sources_.push_back({path, &volume});
+  c->OpenOne(path, ContainerOf(path, volume), o, volume);
+  if (c->files_.size() > 1) c->Index();
+  if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
+    throw UsageError("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
+  return c;
+}
+
 std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::string>& paths,
                                                          const OpenOptions& o) {
   if (paths.empty()) Fail("no checkpoint given");
   std::unique_ptr<OpenedCheckpoint> c(new OpenedCheckpoint());
   c->path_ = paths.size() == 1 ? paths[0] : fmt::format("{} paths", paths.size());
-  const std::string parent = o.temp_parent.empty() ? ReadOnlyTempParent() : o.temp_parent;
-  std::vector<std::string> opened;  // each path, an archive as the path it holds
-  std::vector<Container> kinds;     // what each of those holds, decided once
+  std::vector<std::string> opened;     // each path, an archive as the path it holds
+  std::vector<Container> kinds;        // what each of those holds, decided once
+  std::vector<const Volume*> volumes;  // and what it is read from
   for (const std::string& p : paths) {
     Container kind = ContainerOf(p);
     if (kind == Container::kArchive) {
-      c->archives_.push_back(ArchiveView::Open(p, parent, o.threads));
-      opened.push_back(c->archives_.back()->root());
-      kind = ContainerOf(opened.back());
+      c->archives_.push_back(ArchiveView::Open(p, o.threads));
+      const ArchiveView& v = *c->archives_.back();
+      opened.push_back(v.root());
+      volumes.push_back(&v.volume());
+      kind = ContainerOf(opened.back(), v.volume());
+      c->on_disk_ = false;
     } else {
       opened.push_back(p);
+      volumes.push_back(&Disk());
     }
     kinds.push_back(kind);
   }
   c->opened_ = opened[0];
+  for (size_t i = 0; i < opened.size(); ++i) c->sources_.push_back({opened[i], volumes[i]});
   try {
     if (opened.size() == 1) {
-      c->OpenOne(opened[0], kinds[0], o);
+      c->OpenOne(opened[0], kinds[0], o, *volumes[0]);
     } else {
-      std::vector<std::string> files;
+      std::vector<std::pair<std::string, const Volume*>> files;
       for (size_t i = 0; i < opened.size(); ++i) {
         const std::string& p = opened[i];
         switch (kinds[i]) {
           case Container::kFile:
-            files.push_back(p);
+            files.emplace_back(p, volumes[i]);
             break;
           case Container::kModelFolder: {
-            std::vector<std::string> found = ModelFilesIn(p, o.all_files);
-            files.insert(files.end(), found.begin(), found.end());
+            for (std::string& f : ModelFilesIn(p, o.all_files, *volumes[i]))
+              files.emplace_back(std::move(f), volumes[i]);
             break;
           }
           case Container::kArchive:
@@ -103,33 +122,40 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
   return c;
 }
 
-void OpenedCheckpoint::OpenOne(const std::string& at, Container kind, const OpenOptions& o) {
+void OpenedCheckpoint::OpenOne(const std::string& at, Container kind, const OpenOptions& o,
+                               const Volume& volume) {
+  auto each = [&volume](std::vector<std::string> paths) {
+    std::vector<std::pair<std::string, const Volume*>> out;
+    for (std::string& p : paths) out.emplace_back(std::move(p), &volume);
+    return out;
+  };
   switch (kind) {
     case Container::kFile:
-      OpenFiles({at});
+      OpenFiles(each({at}));
       kind_ = FormatName(files_[0]->format);
       return;
     case Container::kModelFolder:
       kind_ = "model-folder";
-      OpenFiles(ModelFilesIn(at, o.all_files));
+      OpenFiles(each(ModelFilesIn(at, o.all_files, volume)));
       return;
     case Container::kZero:
       kind_ = "zero";
-      zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(deepspeed::OpenZeroCheckpoint(at, o.tag));
+      zero_ = std::make_unique<deepspeed::ZeroCheckpoint>(
+          deepspeed::OpenZeroCheckpoint(at, o.tag, {}, volume));
       unsafe_ = zero_->findings;
       model_ = deepspeed::ZeroLogicalModel(*zero_, o.exclude_frozen);
       return;
     case Container::kDcp:
-      OpenDcp(at);
+      OpenDcp(at, volume);
       return;
     case Container::kArchive:  // an archive inside an archive: compress never makes one
       Fail("{}: an archive of an archive", at);
   }
 }
 
-void OpenedCheckpoint::OpenDcp(const std::string& at) {
+void OpenedCheckpoint::OpenDcp(const std::string& at, const Volume& volume) {
   kind_ = "dcp";
-  dcp_ = std::make_unique<dcp::Checkpoint>(dcp::OpenDcp(at));
+  dcp_ = std::make_unique<dcp::Checkpoint>(dcp::OpenDcp(at, {}, volume));
   const dcp::Checkpoint& d = *dcp_;
   if (!d.problems.empty()) {
     Fail("{}: {}: {} ({} problem(s) in all; run ckptool verify)", at, d.problems[0].where,
@@ -149,10 +175,10 @@ void OpenedCheckpoint::OpenDcp(const std::string& at) {
   for (LogicalTensor& t : model_.tensors) t.training = training.Contains(t.name);
 }
 
-void OpenedCheckpoint::OpenFiles(const std::vector<std::string>& paths) {
-  model_.description = paths.size() == 1 ? paths[0] : fmt::format("{} files", paths.size());
-  for (const std::string& p : paths) {
-    files_.push_back(std::make_unique<CheckpointFile>(OpenCheckpoint(p)));
+void OpenedCheckpoint::OpenFiles(const std::vector<std::pair<std::string, const Volume*>>& paths) {
+  model_.description = paths.size() == 1 ? paths[0].first : fmt::format("{} files", paths.size());
+  for (const auto& [p, volume] : paths) {
+    files_.push_back(std::make_unique<CheckpointFile>(OpenCheckpoint(*volume, p)));
     CheckpointFile& f = *files_.back();
     model_.inputs.push_back(&f.map);
     if (f.torch) {
@@ -337,7 +363,7 @@ void OpenedCheckpoint::ReleaseParsed() {
 
 const std::string* OpenedCheckpoint::DirectFile(const LogicalTensor& t) const {
   // A file's tensors have input = its index in files_ (OpenFiles adds one input per file).
-  if (!archives_.empty() || t.input < 0 || t.whole) return nullptr;
+  if (!on_disk_ || t.input < 0 || t.whole) return nullptr;
   return &files_[static_cast<size_t>(t.input)]->path;
 }
 

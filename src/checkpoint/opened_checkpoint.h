@@ -29,8 +29,6 @@ struct OpenOptions {
   std::string tag;              // DeepSpeed: the tag folder under a root (default: `latest`)
   bool exclude_frozen = false;  // DeepSpeed: leave frozen parameters out
   bool all_files = false;       // a model folder's training-only files too (ModelFilesIn)
-  // Where an archive's skeleton goes (a temp folder inside it); empty: ReadOnlyTempParent().
-  std::string temp_parent;
 };
 
 // A tensor the model holds but no reader here can stream (a quantized, sparse or nested
@@ -50,6 +48,9 @@ class OpenedCheckpoint {
   // one model (a name in two of them is refused). One path opens as Open(path) does.
   static std::unique_ptr<OpenedCheckpoint> Open(const std::vector<std::string>& paths,
                                                 const OpenOptions& o);
+  // The checkpoint at `path` of `volume` (one an archive holds: Checkpoint::OpenModel).
+  static std::unique_ptr<OpenedCheckpoint> Open(const std::string& path, const OpenOptions& o,
+                                                const Volume& volume);
 
   OpenedCheckpoint(const OpenedCheckpoint&) = delete;
   OpenedCheckpoint& operator=(const OpenedCheckpoint&) = delete;
@@ -77,7 +78,7 @@ class OpenedCheckpoint {
   // Frees what only describing needed (the pickle graphs; the tensor tables and maps stay):
   // a writer that follows keeps its peak memory to its own.
   void ReleaseParsed();
-  // The real file (not an archive's skeleton) that holds `t`'s elements whole and in
+  // The real file (not an archive's member) that holds `t`'s elements whole and in
   // row-major order at t.offset, so that a reader may map them instead of copying; null for
   // pieces of a folder format, strided views and anything in an archive.
   const std::string* DirectFile(const LogicalTensor& t) const;
@@ -90,27 +91,36 @@ class OpenedCheckpoint {
   // The files read whole (torch and safetensors files, a model folder's shards); the folder
   // formats keep their own.
   const std::vector<std::unique_ptr<CheckpointFile>>& files() const { return files_; }
-  // The held path under an archive (its skeleton), else path().
+  // The held path under an archive ("<archive>/<name>"), else path().
   const std::string& opened_path() const { return opened_; }
+  // Each path given, as it was opened (an archive: the path it holds, read from its volume).
+  struct Source {
+    std::string path;
+    const Volume* volume;
+  };
+  const std::vector<Source>& sources() const { return sources_; }
 
  private:
   OpenedCheckpoint() = default;
-  void OpenOne(const std::string& at, Container kind, const OpenOptions& o);
-  void OpenDcp(const std::string& at);
-  void OpenFiles(const std::vector<std::string>& paths);
+  void OpenOne(const std::string& at, Container kind, const OpenOptions& o, const Volume& volume);
+  void OpenDcp(const std::string& at, const Volume& volume);
+  // Each file with what it is read from.
+  void OpenFiles(const std::vector<std::pair<std::string, const Volume*>>& paths);
   void AddTorchTensors(size_t source);
   void AddSafetensorsTensors(size_t source);
   void Index() const;
   void BuildIndex() const;
 
   std::string path_, opened_, kind_, model_key_;
-  // Destroyed last: the files below map their skeletons.
+  // Destroyed last: the files below are read from their volumes.
   std::vector<std::unique_ptr<ArchiveView>> archives_;
   std::vector<std::unique_ptr<CheckpointFile>> files_;
   std::unique_ptr<deepspeed::ZeroCheckpoint> zero_;
   std::unique_ptr<dcp::Checkpoint> dcp_;
   LogicalModel model_;
   std::vector<UnreadableTensor> unreadable_;
+  bool on_disk_ = true;  // every file read from the disk (DirectFile)
+  std::vector<Source> sources_;
   std::vector<std::string> unsafe_;
   std::map<std::string, std::string> metadata_;
   // Every name -> its tensor; views of model_'s strings.

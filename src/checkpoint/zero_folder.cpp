@@ -24,15 +24,17 @@ class ZeroFolder : public Checkpoint {
 
   void Prepare(const DescribeOptions& o) override {
     try {
-      deepspeed::ZeroCheckpoint z =
-          deepspeed::OpenZeroCheckpoint(path(), "", [&](const CheckpointFile& f) {
+      deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(
+          path(), "",
+          [&](const CheckpointFile& f) {
             if (!o.cache) return;
             try {
               o.cache->Put(f.path, BuildReport(f, o.top, o.trust));
             } catch (const Error&) {
               // Described (with its error) when the file is read on its own.
             }
-          });
+          },
+          volume());
       text_ = RenderZeroText(z, o.top);
     } catch (const InputChanged&) {
       throw;
@@ -44,16 +46,17 @@ class ZeroFolder : public Checkpoint {
   void DescribeText(const DescribeOptions& o,
                     const std::function<void(const std::string&)>& print) const override {
     if (error_) throw Error(*error_);
-    print(text_ ? *text_ : RenderZeroText(deepspeed::OpenZeroCheckpoint(path()), o.top));
+    print(text_ ? *text_
+                : RenderZeroText(deepspeed::OpenZeroCheckpoint(path(), "", {}, volume()), o.top));
   }
 
   void DescribeJson(JsonStream& out, const DescribeOptions&) const override {
-    WriteZeroJson(out, deepspeed::OpenZeroCheckpoint(path()));
+    WriteZeroJson(out, deepspeed::OpenZeroCheckpoint(path(), "", {}, volume()));
   }
 
   // Its partitions must add up to one model (each rank file is verified as a file).
   VerifyOutcome Verify(unsigned, const torch::Trust&, bool) const override {
-    deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path());
+    deepspeed::ZeroCheckpoint z = deepspeed::OpenZeroCheckpoint(path(), "", {}, volume());
     if (z.universal) {
       return VerifyOutcome{
           {},

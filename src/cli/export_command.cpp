@@ -77,8 +77,8 @@ int RunExport(const ExportCliOptions& o) {
   for (const std::string& f : r.files) Out() << "  " << f << "\n";
   if (r.archive_plain_bytes + r.archive_backed_bytes)
     Out() << fmt::format(
-        "Read in place from the archive: {} of tensors decoded from its chunks, {} of headers "
-        "restored\n",
+        "Read in place from the archive: {} of tensors decoded from its chunks as read, {} of "
+        "headers decoded into memory\n",
         HumanBytes(r.archive_backed_bytes), HumanBytes(r.archive_plain_bytes));
   return 0;
 }

@@ -48,11 +48,10 @@ void DecodeChunks(const Archive& a, size_t first, size_t count, unsigned threads
   });
 }
 
-bool IsArchiveFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;  // never open a FIFO
+bool IsArchiveFile(const std::string& path, const Volume& volume) {
+  if (!volume.IsFile(path)) return false;  // never open a FIFO
   try {
-    MappedFile m = MappedFile::Open(path);
+    MappedFile m = volume.Open(path);
     return LooksLikeArchive(m.bytes());
   } catch (const Error&) {
     return false;

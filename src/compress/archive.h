@@ -14,6 +14,7 @@
 #include "compress/chunk_coder.h"
 #include "compress/format.h"
 #include "io/mapped_file.h"
+#include "io/volume.h"
 
 namespace ckpt::ckz {
 
@@ -22,7 +23,7 @@ namespace ckpt::ckz {
 bool LooksLikeArchive(Bytes head);
 // A regular file (never a FIFO or device: nothing is opened that could block) whose head is
 // LooksLikeArchive.
-bool IsArchiveFile(const std::string& path);
+bool IsArchiveFile(const std::string& path, const Volume& volume = Disk());
 
 inline constexpr std::string_view kArchiveSuffix = ".ckz";
 // "x.pt" for "x.pt.ckz"; "" when `name` has no stem before the suffix.

@@ -85,13 +85,13 @@ class MetadataMerger {
   std::unordered_set<std::string> chunks_;
 };
 
-std::vector<std::string> MetadataFiles(const std::string& folder) {
+std::vector<std::string> MetadataFiles(const std::string& folder, const Volume& volume) {
   std::vector<std::string> out;
-  std::error_code ec;
-  if (fs::is_regular_file(fs::path(folder) / ".metadata", ec)) return {".metadata"};
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    std::string n = e.path().filename().string();
-    if (n.starts_with("__") && n.ends_with(".metadata") && e.is_regular_file(ec)) out.push_back(n);
+  if (volume.IsFile((fs::path(folder) / ".metadata").string())) return {".metadata"};
+  if (!volume.IsFolder(folder)) return out;
+  for (const Node& e : volume.List(folder)) {
+    std::string n = fs::path(e.path).filename().string();
+    if (n.starts_with("__") && n.ends_with(".metadata") && volume.IsFile(e.path)) out.push_back(n);
   }
   std::sort(out.begin(), out.end(), DigitAwareLess);
   return out;
@@ -99,11 +99,13 @@ std::vector<std::string> MetadataFiles(const std::string& folder) {
 
 }  // namespace
 
-bool LooksLikeDcpCheckpoint(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec) || MetadataFiles(path).empty()) return false;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    if (e.path().extension() == ".distcp") return true;
+bool LooksLikeDcpCheckpoint(const std::string& path, const Volume& volume) {
+  if (!volume.IsFolder(path) || MetadataFiles(path, volume).empty()) return false;
+  try {
+    for (const Node& e : volume.List(path)) {
+      if (fs::path(e.path).extension() == ".distcp") return true;
+    }
+  } catch (const Error&) {
   }
   return false;
 }
@@ -128,14 +130,14 @@ Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files) {
 namespace {
 
 // The metadata files of `folder` read and merged into c.meta (names and bytes recorded).
-void ReadMetadataInto(const std::string& folder, Checkpoint& c) {
-  c.metadata_files = MetadataFiles(folder);
+void ReadMetadataInto(const std::string& folder, Checkpoint& c, const Volume& volume) {
+  c.metadata_files = MetadataFiles(folder, volume);
   if (c.metadata_files.empty())
     Fail("no .metadata file: not a torch.distributed.checkpoint folder");
   std::optional<MetadataMerger> merger;
   for (size_t i = 0; i < c.metadata_files.size(); ++i) {
     const std::string& name = c.metadata_files[i];
-    MappedFile m = MappedFile::Open((fs::path(folder) / name).string());
+    MappedFile m = volume.Open((fs::path(folder) / name).string());
     c.metadata_bytes += m.size();
     Metadata md = WithContext(name, [&] { return ParseMetadata(m.bytes()); });
     if (i == 0) {
@@ -150,20 +152,20 @@ void ReadMetadataInto(const std::string& folder, Checkpoint& c) {
 
 }  // namespace
 
-Metadata ReadFolderMetadata(const std::string& folder) {
+Metadata ReadFolderMetadata(const std::string& folder, const Volume& volume) {
   return WithContext(folder, [&] {
     Checkpoint c;
-    ReadMetadataInto(folder, c);
+    ReadMetadataInto(folder, c, volume);
     return std::move(c.meta);
   });
 }
 
-Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust) {
+Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust, const Volume& volume) {
   return WithContext(folder, [&] {
     Checkpoint c;
     c.folder = folder;
     c.trust = trust;
-    ReadMetadataInto(folder, c);
+    ReadMetadataInto(folder, c, volume);
     std::vector<std::string> paths;
     for (const StorageEntry& s : c.meta.storage) paths.push_back(s.path);
     std::sort(paths.begin(), paths.end(), DigitAwareLess);
@@ -172,9 +174,8 @@ Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust) {
       if (!SafeRelativePath(p))
         Fail("storage_data names the file '{}', which is outside the folder", p);
       std::string full = (fs::path(folder) / p).string();
-      std::error_code ec;
-      if (!fs::is_regular_file(full, ec)) continue;  // Resolve reports it with its tensors
-      auto map = std::make_unique<MappedFile>(MappedFile::Open(full));
+      if (!volume.IsFile(full)) continue;  // Resolve reports it with its tensors
+      auto map = std::make_unique<MappedFile>(volume.Open(full));
       Bytes b = map->bytes();
       c.files.push_back({p, std::move(map), b, 0, 0});
     }

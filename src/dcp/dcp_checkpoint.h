@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "io/volume.h"
 #include "pickle/graph.h"
 #include "torch/dtype.h"
 #include "torch/global_policy.h"
@@ -171,17 +172,19 @@ class ItemPages {
 };
 
 // A folder holding .metadata (or __<rank>.metadata) and .distcp files?
-bool LooksLikeDcpCheckpoint(const std::string& path);
+bool LooksLikeDcpCheckpoint(const std::string& path, const Volume& volume = Disk());
 // A file that only makes sense as part of such a folder (*.distcp, .metadata)?
 bool IsDcpPart(const std::string& path);
 
 // The folder's metadata (.metadata, or the __<rank>.metadata files merged) alone, without
 // opening its data files. Throws ckpt::Error (naming the folder) when it is unreadable.
-Metadata ReadFolderMetadata(const std::string& folder);
+Metadata ReadFolderMetadata(const std::string& folder, const Volume& volume = Disk());
 
 // Reads the folder. Throws ckpt::Error (naming the folder) when the metadata is unreadable;
 // every other problem is recorded in problems. The objects' pickles are judged with `trust`.
-Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust = {});
+// Its files are read from `volume` (an archive's, read in place: compress/archive_volume.h).
+Checkpoint OpenDcp(const std::string& folder, const torch::Trust& trust = {},
+                   const Volume& volume = Disk());
 
 // The same from memory (fuzzing, tests): `files` maps relative paths to their bytes.
 Checkpoint ReadDcp(Bytes metadata, const std::map<std::string, Bytes>& files);

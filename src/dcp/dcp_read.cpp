@@ -63,8 +63,8 @@ void ForEachRun(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t c
 // they do not become one write each. The staging is filled with preadv: the rows one chunk
 // contributes lie one after another in its item, so each chunk's rows come in one call that
 // scatters them to their places, without mapping a page. Elements of a strided item (rare)
-// are copied from the mapping one by one. A backed file (a .ckz archive read in place, whose
-// tensor bytes are not on disk) is read through MappedFile::Read instead of preadv.
+// are read one by one (MappedFile::Read). A file without a descriptor (a .ckz archive's member,
+// read in place) is read through MappedFile::Read instead of preadv.
 void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t count,
                const SpanSink& sink) {
   if (count == 0) return;
@@ -88,7 +88,7 @@ void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t co
     for (size_t i = 0; i < pending.size();) {
       const Pending& p0 = pending[i];
       const MappedFile& map = *p0.item->map;
-      if (map.backed()) {  // a .ckz archive read in place: its bytes are not on disk
+      if (map.fd() < 0) {  // nothing to preadv from: an archive's member
         map.Read(p0.item->archive_offset + p0.src, stage.data() + p0.dst, p0.size);
         ++i;
         continue;
@@ -155,7 +155,7 @@ void ReadRange(const Checkpoint& c, const Tensor& t, uint64_t first, uint64_t co
           for (uint64_t e = 0; e < run; ++e) {
             if (stage.size() + esize > kStage) flush();
             uint64_t at = base + e * static_cast<uint64_t>(stride) * esize;
-            if (item.map != nullptr && item.map->backed()) {
+            if (item.map != nullptr) {
               stage.resize(stage.size() + esize);
               item.map->Read(item.archive_offset + at, stage.data() + stage.size() - esize, esize);
               continue;

@@ -16,12 +16,12 @@ using namespace detail;
 namespace {
 
 // Every *.pt of a parameter's folder in zero/, sorted: its state files.
-std::vector<std::string> StateFiles(const fs::path& folder) {
+std::vector<std::string> StateFiles(const fs::path& folder, const Volume& volume) {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.ends_with(".pt") && e.is_regular_file(ec)) out.push_back(name);
+  if (!volume.IsFolder(folder.string())) return out;
+  for (const Node& e : volume.List(folder.string())) {
+    std::string name = fs::path(e.path).filename().string();
+    if (name.ends_with(".pt") && e.type == NodeType::kFile) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -29,10 +29,10 @@ std::vector<std::string> StateFiles(const fs::path& folder) {
 
 }  // namespace
 
-bool LooksLikeUniversalCheckpoint(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(fs::path(path) / "zero" / "optimizer_state.pt", ec) &&
-         !Matching(path, "_model_states.pt").empty() && Matching(path, "_optim_states.pt").empty();
+bool LooksLikeUniversalCheckpoint(const std::string& path, const Volume& volume) {
+  return volume.IsFile((fs::path(path) / "zero" / "optimizer_state.pt").string()) &&
+         !Matching(path, "_model_states.pt", volume).empty() &&
+         Matching(path, "_optim_states.pt", volume).empty();
 }
 
 namespace detail {
@@ -44,7 +44,7 @@ namespace detail {
 // trainable parameter's fp32.pt in param_shapes order, aliases.
 void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
   z.universal = true;
-  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
+  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt", *z.volume);
   auto open = [&](const fs::path& file) { return OpenRankFile(z, file.string(), on_file); };
   z.fragments.resize(model_names.size());
   for (size_t i = 0; i < model_names.size(); ++i) {
@@ -73,12 +73,11 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
   std::string first_name;
   ConsolidateUniversal(z, [&](const std::string& name) {
     const fs::path folder = zero / name;
-    std::error_code ec;
-    if (!fs::is_regular_file(folder / "fp32.pt", ec))
+    if (!z.volume->IsFile((folder / "fp32.pt").string()))
       Fail("{}: missing: parameter '{}' has no zero/{}/fp32.pt", z.folder, name, name);
     // DeepSpeed's loader takes every *.pt of a folder as a state of the parameter: every
     // folder must hold the same ones.
-    std::vector<std::string> files = StateFiles(folder);
+    std::vector<std::string> files = StateFiles(folder, *z.volume);
     if (first_name.empty()) {
       first_files = files;
       first_name = name;

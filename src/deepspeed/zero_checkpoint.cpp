@@ -23,13 +23,16 @@ namespace {
 
 // DeepSpeed's `latest`: a small text file holding the tag folder's name. A file of that name
 // that is anything else (a symlink to a model file, say) is no ZeRO marker: nullopt.
-std::optional<std::string> LatestTag(const fs::path& root, const char* marker = "latest") {
-  std::error_code ec;
+std::optional<std::string> LatestTag(const fs::path& root, const Volume& volume,
+                                     const char* marker = "latest") {
   fs::path latest = root / marker;
-  if (!fs::is_regular_file(latest, ec)) return std::nullopt;
-  uintmax_t size = fs::file_size(latest, ec);
-  if (ec || size > 4096) return std::nullopt;
-  std::string tag = ReadMarkerFile(latest.string());
+  if (!volume.IsFile(latest.string())) return std::nullopt;
+  std::string tag;
+  try {
+    tag = MarkerText(volume.ReadText(latest.string(), 4096));
+  } catch (const Error&) {
+    return std::nullopt;  // too big to be a tag
+  }
   for (unsigned char c : tag) {
     if (c < 0x20 || c == 0x7F || c == '/') return std::nullopt;
   }
@@ -38,27 +41,28 @@ std::optional<std::string> LatestTag(const fs::path& root, const char* marker = 
 
 }  // namespace
 
-bool LooksLikeZeroCheckpoint(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return false;
-  if (LatestTag(path) || LatestTag(path, "latest_universal")) return true;
-  return !Matching(path, "_optim_states.pt").empty() || LooksLikeUniversalCheckpoint(path);
+bool LooksLikeZeroCheckpoint(const std::string& path, const Volume& volume) {
+  if (!volume.IsFolder(path)) return false;
+  if (LatestTag(path, volume) || LatestTag(path, volume, "latest_universal")) return true;
+  return !Matching(path, "_optim_states.pt", volume).empty() ||
+         LooksLikeUniversalCheckpoint(path, volume);
 }
 
 ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag,
-                                  const OnRankFile& on_file) {
+                                  const OnRankFile& on_file, const Volume& volume) {
   ZeroCheckpoint z;
-  std::error_code ec;
+  z.volume = &volume;
   fs::path root(path);
   if (!tag.empty()) {
     z.tag = tag;
-  } else if (std::optional<std::string> latest = LatestTag(root)) {
+  } else if (std::optional<std::string> latest = LatestTag(root, volume)) {
     z.tag = *latest;
     if (z.tag.empty()) Fail("{}: the 'latest' file is empty", (root / "latest").string());
-  } else if (!Matching(path, "_optim_states.pt").empty() || LooksLikeUniversalCheckpoint(path)) {
+  } else if (!Matching(path, "_optim_states.pt", volume).empty() ||
+             LooksLikeUniversalCheckpoint(path, volume)) {
     z.tag = root.filename().string();
     root = root.parent_path();
-  } else if (std::optional<std::string> universal = LatestTag(root, "latest_universal")) {
+  } else if (std::optional<std::string> universal = LatestTag(root, volume, "latest_universal")) {
     z.tag = *universal;
     if (z.tag.empty())
       Fail("{}: the 'latest_universal' file is empty", (root / "latest_universal").string());
@@ -69,14 +73,13 @@ ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& ta
         path);
   }
   z.folder = (root / z.tag).string();
-  if (!fs::is_directory(z.folder, ec))
-    Fail("{}: no such checkpoint folder (tag '{}')", z.folder, z.tag);
-  if (LooksLikeUniversalCheckpoint(z.folder)) {
+  if (!volume.IsFolder(z.folder)) Fail("{}: no such checkpoint folder (tag '{}')", z.folder, z.tag);
+  if (LooksLikeUniversalCheckpoint(z.folder, volume)) {
     OpenUniversal(z, on_file);
     return z;
   }
-  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt");
-  std::vector<std::string> optim_names = Matching(z.folder, "_optim_states.pt");
+  std::vector<std::string> model_names = Matching(z.folder, "_model_states.pt", volume);
+  std::vector<std::string> optim_names = Matching(z.folder, "_optim_states.pt", volume);
   for (const std::string& n : model_names) {
     if (n.find("_expert_") != std::string::npos) {
       Fail(

@@ -38,6 +38,7 @@
 
 #include "base/names.h"
 #include "file/checkpoint_file.h"
+#include "io/volume.h"
 #include "torch/dtype.h"
 #include "torch/logical_model.h"
 
@@ -77,7 +78,8 @@ struct FrozenFragment {
 using FrozenFragments = std::unordered_map<std::string, FrozenFragment>;
 
 struct ZeroCheckpoint {
-  std::string folder;  // <root>/<tag>
+  std::string folder;              // <root>/<tag>
+  const Volume* volume = &Disk();  // what its files are read from (outlives it)
   std::string tag;
   // A universal checkpoint (zero/<param>/fp32.pt; ds_to_universal.py, ckptool reshard): files
   // are the model states files, then each trainable parameter's fp32.pt; world_size is the
@@ -101,9 +103,9 @@ struct ZeroCheckpoint {
 
 // A DeepSpeed root (holding `latest` or `latest_universal`), a tag folder (holding
 // *_optim_states.pt) or a universal checkpoint folder?
-bool LooksLikeZeroCheckpoint(const std::string& path);
+bool LooksLikeZeroCheckpoint(const std::string& path, const Volume& volume = Disk());
 // A universal checkpoint folder: zero/optimizer_state.pt and model states files, no rank files.
-bool LooksLikeUniversalCheckpoint(const std::string& path);
+bool LooksLikeUniversalCheckpoint(const std::string& path, const Volume& volume = Disk());
 
 // Reads the ZeRO checkpoint at `path` (a root with `latest`, or a tag folder; `tag` picks one
 // under the root). Throws ckpt::Error naming the folder or file and the reason, including
@@ -112,8 +114,9 @@ bool LooksLikeUniversalCheckpoint(const std::string& path);
 // `on_file`, when given, sees each rank file as soon as it is read, while its parsed pickle is
 // still there (inspect describes each file from it instead of reading it a second time).
 using OnRankFile = std::function<void(const CheckpointFile&)>;
+// Its files are read from `volume` (an archive's, read in place: compress/archive_volume.h).
 ZeroCheckpoint OpenZeroCheckpoint(const std::string& path, const std::string& tag = "",
-                                  const OnRankFile& on_file = {});
+                                  const OnRankFile& on_file = {}, const Volume& volume = Disk());
 
 // The consolidation alone, from files already read: z.files holds z.model_files model states
 // files, then the optimizer files, each with its torch model (the fuzz target and tests give

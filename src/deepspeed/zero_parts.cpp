@@ -368,12 +368,13 @@ void AddAliases(ZeroCheckpoint& z, const RankFile& m0) {
   }
 }
 
-std::vector<std::string> Matching(const std::string& folder, std::string_view suffix) {
+std::vector<std::string> Matching(const std::string& folder, std::string_view suffix,
+                                  const Volume& volume) {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.ends_with(suffix) && e.is_regular_file(ec)) out.push_back(name);
+  if (!volume.IsFolder(folder)) return out;
+  for (const Node& e : volume.List(folder)) {
+    std::string name = fs::path(e.path).filename().string();
+    if (name.ends_with(suffix) && e.type == NodeType::kFile) out.push_back(name);
   }
   std::sort(out.begin(), out.end(), DigitAwareLess);
   return out;
@@ -381,7 +382,7 @@ std::vector<std::string> Matching(const std::string& folder, std::string_view su
 
 std::unique_ptr<CheckpointFile> OpenRankFile(ZeroCheckpoint& z, const std::string& path,
                                              const OnRankFile& on_file) {
-  auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(path));
+  auto f = std::make_unique<CheckpointFile>(OpenCheckpoint(*z.volume, path));
   if (f->torch) {
     for (const torch::UnsafeFinding& u : torch::FindUnsafe(f->torch->model.graph))
       z.findings.push_back(fmt::format("{}: the pickle {}", f->path, u.what));

@@ -153,10 +153,11 @@ void AddBuffersAndFrozen(ZeroCheckpoint& z, const std::vector<RankFile>& ranks);
 void AddAliases(ZeroCheckpoint& z, const RankFile& m0);
 
 // The names of the files in `folder` ending with `suffix`, in digit-aware order (rank 10 after 9).
-std::vector<std::string> Matching(const std::string& folder, std::string_view suffix);
+std::vector<std::string> Matching(const std::string& folder, std::string_view suffix,
+                                  const Volume& volume = Disk());
 
-// One file of the checkpoint, read, with what its pickle would import or call noted in
-// z.findings, and shown to `on_file`.
+// One file of the checkpoint, read from z.volume, with what its pickle would import or call noted
+// in z.findings, and shown to `on_file`.
 std::unique_ptr<CheckpointFile> OpenRankFile(ZeroCheckpoint& z, const std::string& path,
                                              const OnRankFile& on_file);
 

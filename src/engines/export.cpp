@@ -45,19 +45,20 @@ constexpr std::string_view kModelFolderCompanions[] = {
 // takes their config and tokenizer files along, into the folder being written (it is put in
 // place whole with the weights). The first source holding a name wins.
 // --config-from folders come first; a --config-from file is its own name's source.
+// An archive's folder gives its files as the folder would (read from the archive's volume).
 void CopyCompanions(const std::vector<std::string>& config_from,
-                    const std::vector<std::string>& sources, const std::string& to,
+                    const std::vector<OpenedCheckpoint::Source>& sources, const std::string& to,
                     ExportResult& r) {
-  std::error_code ec;
-  std::vector<std::string> from = config_from;
+  std::vector<OpenedCheckpoint::Source> from;
+  for (const std::string& s : config_from) from.push_back({s, &Disk()});
   from.insert(from.end(), sources.begin(), sources.end());
   for (std::string_view name : kModelFolderCompanions) {
     fs::path dest = fs::path(to) / name;
-    for (const std::string& s : from) {
+    for (const auto& [s, volume] : from) {
       fs::path src = fs::path(s) / name;
-      if (fs::is_regular_file(s, ec) && fs::path(s).filename() == name) src = s;
-      if (!fs::is_regular_file(src, ec)) continue;
-      CopyFileAtomically(MappedFile::Open(src.string()), dest.string());
+      if (volume->IsFile(s) && fs::path(s).filename() == name) src = s;
+      if (!volume->IsFile(src.string())) continue;
+      CopyFileAtomically(volume->Open(src.string()), dest.string());
       r.files.push_back(dest.string());
       break;
     }
@@ -260,10 +261,6 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   oo.tag = o.tag;
   oo.exclude_frozen = o.exclude_frozen;
   oo.all_files = o.all;
-  // An archive's skeleton goes beside the output: the same file system as what is written.
-  fs::path out = fs::absolute(to).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "out/"
-  oo.temp_parent = out.parent_path().string();
   std::unique_ptr<OpenedCheckpoint> c;
   {
     PerfTimer timer("open");
@@ -296,7 +293,7 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   // other files come along. An MPI job's ranks share the folder; its weights alone are
   // written there.
   bool folder = !r.files.empty() && fs::path(r.files[0]).parent_path() == fs::path(to);
-  if (folder && !o.dry_run && o.team == nullptr) CopyCompanions(o.config_from, sources, to, r);
+  if (folder && !o.dry_run && o.team == nullptr) CopyCompanions(o.config_from, c->sources(), to, r);
   // What was read, as the user named it (a ZeRO or DCP folder: its reader's description).
   if (c->kind() == "zero" || c->kind() == "dcp") {
     r.source = m.description;
@@ -305,8 +302,8 @@ ExportResult Export(const std::vector<std::string>& sources, const std::string& 
   }
   r.warnings.insert(r.warnings.begin(), warnings.begin(), warnings.end());
   for (const auto& v : c->archives()) {
-    r.archive_plain_bytes += v->skeleton().plain_bytes();
-    r.archive_backed_bytes += v->skeleton().backed_bytes();
+    r.archive_plain_bytes += v->archive_volume().plain_bytes();
+    r.archive_backed_bytes += v->archive_volume().tensor_bytes();
   }
   return r;
 }

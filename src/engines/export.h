@@ -52,8 +52,8 @@ struct ExportResult {
   uint64_t tensors = 0;            // tensors written
   uint64_t aliases = 0;            // names recorded as aliases
   uint64_t bytes = 0;              // tensor bytes written
-  // .ckz sources (read in place, compress/skeleton.h): bytes written to the temp skeleton
-  // (headers, pickles, json) and tensor bytes left in the archive, decoded when read.
+  // .ckz sources (read in place, compress/archive_volume.h): their plain bytes (headers,
+  // pickles, json) and their tensor bytes, decoded from the archive's chunks when read.
   uint64_t archive_plain_bytes = 0;
   uint64_t archive_backed_bytes = 0;
   std::vector<std::string> warnings;

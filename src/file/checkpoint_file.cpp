@@ -97,10 +97,15 @@ torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions opti
 }
 
 CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options) {
+  return OpenCheckpoint(Disk(), path, options);
+}
+
+CheckpointFile OpenCheckpoint(const Volume& volume, const std::string& path,
+                              const torch::ReadOptions& options) {
   PerfTimer timer("parse");
   CheckpointFile f;
   f.path = path;
-  f.map = MappedFile::Open(path);
+  f.map = volume.Open(path);
   WithContext(path, [&] {
     Bytes bytes = f.map.bytes();
     std::optional<Format> format = DetectFormat(bytes);

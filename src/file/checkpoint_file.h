@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "io/volume.h"
 #include "safetensors/safetensors_file.h"
 #include "torch/torch_file.h"
 
@@ -37,6 +38,9 @@ struct CheckpointFile {
 
 // Maps and parses `path`. Throws ckpt::Error("<path>: <what>") when it cannot.
 CheckpointFile OpenCheckpoint(const std::string& path, const torch::ReadOptions& options = {});
+// The same read from `volume` (an archive's, read in place: compress/archive_volume.h).
+CheckpointFile OpenCheckpoint(const Volume& volume, const std::string& path,
+                              const torch::ReadOptions& options = {});
 
 // `options` with done_with set to drop those pages of `map` from the resident set.
 torch::ReadOptions ReleasingPages(const MappedFile& map, torch::ReadOptions options = {});

@@ -232,9 +232,9 @@ void AtomicOutput::CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t o
     }
   }
   if (size > 0) NotChecked();  // the kernel copies
-  if (in.backed()) {
-    // A file read through a ByteSource (a .ckz archive's skeleton) holds holes where its
-    // tensors are: its bytes come through windows, never from the file on disk.
+  if (in.fd() < 0) {
+    // No descriptor for the kernel to copy from (a .ckz archive's member, a file in memory):
+    // its bytes come through windows.
     constexpr uint64_t kWindow = uint64_t{4} << 20;
     while (size > 0) {
       CheckInterrupt();

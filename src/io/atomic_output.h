@@ -113,8 +113,8 @@ class AtomicOutput {
 
   // Copies [in_offset, +size) of `in` to `offset` inside the kernel when it can
   // (copy_file_range), else through a buffer. Inside a Staged range the bytes are read
-  // through a MappedFile::Window instead, so a run's Prefetched bytes serve them; so are a
-  // backed file's (a .ckz archive's skeleton: its tensors are holes on disk).
+  // through a MappedFile::Window instead, so a run's Prefetched bytes serve them; so are those
+  // of a file without a descriptor (a .ckz archive's member).
   void CopyFrom(const MappedFile& in, uint64_t in_offset, uint64_t offset, uint64_t size);
 
   // Bounded-size mode: Create() reserved an upper bound; this cuts the file to the size

@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -29,44 +27,13 @@ int64_t MtimeNs(const struct stat& st) {
   Fail("{}: {}: {}", path, what, std::strerror(errno));
 }
 
-struct Backing {
-  std::shared_ptr<const ByteSource> source;
-  MappedFile::Stamp origin;
-};
-
-// Backed files by (device, inode): a registration holds whatever path names the file.
-std::mutex backed_mutex;
-std::map<MappedFile::BackedId, Backing>& BackedFiles() {
-  static std::map<MappedFile::BackedId, Backing> files;
-  return files;
-}
-
 // Buffers of windows this thread used and gave back, largest last; a few are kept, no more
 // than kSpareBytes in all.
 thread_local std::vector<MappedFile::Window::Buffer> spare_buffers;
 constexpr size_t kSpareBuffers = 4;
 constexpr uint64_t kSpareBytes = 64ull << 20;
 
-MappedFile::BackedId IdOf(const struct stat& st) {
-  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-}
-
 }  // namespace
-
-MappedFile::BackedId MappedFile::RegisterBacked(const std::string& path,
-                                                std::shared_ptr<const ByteSource> source,
-                                                Stamp origin) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) FailErrno(path, "cannot stat");
-  std::lock_guard<std::mutex> lock(backed_mutex);
-  BackedFiles()[IdOf(st)] = {std::move(source), std::move(origin)};
-  return IdOf(st);
-}
-
-void MappedFile::UnregisterBacked(BackedId id) {
-  std::lock_guard<std::mutex> lock(backed_mutex);
-  BackedFiles().erase(id);
-}
 
 MappedFile MappedFile::Open(const std::string& path) {
   MappedFile f;
@@ -81,19 +48,34 @@ MappedFile MappedFile::Open(const std::string& path) {
   f.mode_ = st.st_mode;
   f.uid_ = st.st_uid;
   f.gid_ = st.st_gid;
-  {
-    std::lock_guard<std::mutex> lock(backed_mutex);
-    auto it = BackedFiles().find(IdOf(st));
-    if (it != BackedFiles().end()) {
-      f.source_ = it->second.source;
-      f.stamp_ = it->second.origin;
-    }
-  }
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
     if (p == MAP_FAILED) FailErrno(path, "cannot map");
     f.data_ = static_cast<const uint8_t*>(p);
   }
+  return f;
+}
+
+MappedFile MappedFile::Member(std::string path, uint64_t size, Stamp origin,
+                              std::shared_ptr<const ByteSource> source,
+                              const std::function<void(uint8_t* image)>& fill) {
+  MappedFile f;
+  f.path_ = std::move(path);
+  f.size_ = size;
+  f.stamp_ = std::move(origin);
+  f.mode_ = S_IFREG | 0600;
+  f.uid_ = ::getuid();
+  f.gid_ = ::getgid();
+  f.source_ = std::move(source);
+  f.member_ = true;
+  if (size == 0) return f;
+  // Pages never written stay unallocated: the memory is the plain bytes, not the file.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) FailErrno(f.path_, "cannot map");
+  f.data_ = static_cast<const uint8_t*>(p);
+  fill(static_cast<uint8_t*>(p));
+  ::mprotect(p, size, PROT_READ);
   return f;
 }
 
@@ -113,6 +95,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     uid_ = other.uid_;
     gid_ = other.gid_;
     source_ = std::move(other.source_);
+    member_ = std::exchange(other.member_, false);
   }
   return *this;
 }
@@ -128,6 +111,7 @@ void MappedFile::Reset() {
   size_ = 0;
   fd_ = -1;
   source_.reset();
+  member_ = false;
 }
 
 // Windows are read with pread into a reused buffer rather than through the mapping. First
@@ -190,9 +174,11 @@ void MappedFile::Read(uint64_t offset, uint8_t* dst, uint64_t size) const {
   }
 }
 
-void MappedFile::Materialize(uint64_t offset, uint64_t size) const {
-  Slice(bytes(), offset, size);  // inside the file
-  if (source_ && size > 0) source_->Materialize(offset, size);
+MappedFile::Reach::Reach(const MappedFile& f, uint64_t offset, uint64_t size)
+    : bytes_(Slice(f.bytes(), offset, size)) {
+  if (!f.source_) return;
+  window_ = std::make_unique<Window>(f, offset, size);
+  bytes_ = window_->bytes();
 }
 
 MappedFile::Window::~Window() {
@@ -238,7 +224,7 @@ void MappedFile::Populate(uint64_t offset, uint64_t size) const {
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t size) const {
-  if (data_ == nullptr || size == 0) return;
+  if (data_ == nullptr || size == 0 || member_) return;  // a member's pages are its only copy
   // Only whole pages inside the range: neighbours may still be in use by other threads.
   uint64_t start = (offset + kPageSize - 1) & ~(kPageSize - 1);
   uint64_t end = (offset + size) & ~(kPageSize - 1);

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,16 +14,15 @@
 
 namespace ckpt {
 
-// Where the bytes of a file restored only in part come from: a .ckz archive's checkpoint
-// opened in place is a sparse "skeleton" file holding its plain bytes (zip headers, pickles,
-// json), and its tensor bytes are decoded from the archive's chunks when a Window asks.
+// Where the bytes of a file not on disk come from: a .ckz archive's member
+// (compress/archive_volume.h) holds its plain bytes (zip headers, pickles, json) in memory,
+// and its tensor bytes are decoded from the archive's chunks when a Window, Read or Reach
+// asks.
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
   // Fills dst with the file's bytes [offset, offset + size); throws ckpt::Error on damage.
   virtual void Read(uint64_t offset, uint8_t* dst, uint64_t size) const = 0;
-  // Writes those bytes into the file on disk, so that mappings of it show them.
-  virtual void Materialize(uint64_t offset, uint64_t size) const = 0;
 };
 
 class MappedFile {
@@ -57,23 +57,22 @@ class MappedFile {
   };
   const Stamp& stamp() const { return stamp_; }
 
-  // Files opened at `path` from now on (the same file: device and inode) read through
-  // `source`: Window serves their bytes from it, bytes() shows only what the file holds on
-  // disk, and their stamp is `origin`'s (the archive the bytes come from), so a writer that
-  // requires its inputs unchanged checks the archive. Until UnregisterBacked(the id returned),
-  // which must come before the file is removed (another file could get its inode).
-  using BackedId = std::pair<uint64_t, uint64_t>;  // device, inode
-  static BackedId RegisterBacked(const std::string& path, std::shared_ptr<const ByteSource> source,
-                                 Stamp origin);
-  static void UnregisterBacked(BackedId id);
-  // Is this file read through a ByteSource? Then only Window and Read see every byte.
-  bool backed() const { return source_ != nullptr; }
-  // Copies [offset, offset + size) into dst (from the map, or the ByteSource of a backed
-  // file). Throws when the range is outside the file.
+  // A file that is not on disk (a .ckz archive's member): `size` bytes of private memory, into
+  // which `fill` writes its plain bytes, the rest left zero; every byte a Window, Read or
+  // Reach shows comes from `source` (none: all of it is plain). bytes() shows the plain bytes
+  // only: the structure a parser reads; data is read through Window, Read and Reach, as any
+  // reader does to keep its memory flat. It has no descriptor (fd() is -1: nothing can be
+  // copied from it by the kernel), and its stamp is `origin`: a writer that requires its
+  // inputs unchanged checks the archive.
+  static MappedFile Member(std::string path, uint64_t size, Stamp origin,
+                           std::shared_ptr<const ByteSource> source,
+                           const std::function<void(uint8_t* image)>& fill);
+  // Copies [offset, offset + size) into dst. Throws when the range is outside the file.
   void Read(uint64_t offset, uint8_t* dst, uint64_t size) const;
-  // Of a backed file: writes [offset, offset + size) into the file on disk, so that bytes()
-  // shows it from then on (for reads too scattered for windows). Elsewhere: nothing to do.
-  void Materialize(uint64_t offset, uint64_t size) const;
+
+  // Bytes [offset, offset + size) to read at random (the rows of a strided view): the
+  // mapping's own, or a member's, read into a buffer while this lives.
+  class Reach;
 
   // A piece of the file being streamed through, read with pread into a buffer this thread
   // reuses (faster than first touches of mapped pages, and no page of the mapping joins the
@@ -122,6 +121,16 @@ class MappedFile {
     Prefetched* outer_;
   };
 
+  class Reach {
+   public:
+    Reach(const MappedFile& f, uint64_t offset, uint64_t size);
+    Bytes bytes() const { return bytes_; }
+
+   private:
+    std::unique_ptr<Window> window_;
+    Bytes bytes_;
+  };
+
   // Tells the kernel we will read [offset, offset+size) front to back.
   void AdviseSequential(uint64_t offset, uint64_t size) const;
   // Maps [offset, offset+size) in one call instead of one page fault per few pages
@@ -143,6 +152,7 @@ class MappedFile {
   uid_t uid_ = 0;
   gid_t gid_ = 0;
   std::shared_ptr<const ByteSource> source_;
+  bool member_ = false;  // data_ is private memory: never released
 };
 
 }  // namespace ckpt

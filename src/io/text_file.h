@@ -4,9 +4,12 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace ckpt {
 
 std::string ReadMarkerFile(const std::string& path);
+// `text` without surrounding white space.
+std::string MarkerText(std::string_view text);
 
 }  // namespace ckpt

@@ -4,15 +4,15 @@
 
 #include "base/error.h"
 #include "io/mapped_file.h"
+#include "io/volume.h"
 
 namespace ckpt::safetensors {
 
-std::map<std::string, std::vector<std::string>> WeightMap(const std::string& path) {
+std::map<std::string, std::vector<std::string>> WeightMap(const std::string& path,
+                                                          const Volume& volume) {
   nlohmann::ordered_json j;
   try {
-    MappedFile m = MappedFile::Open(path);
-    if (m.size() > (64u << 20)) return {};
-    j = nlohmann::ordered_json::parse(AsText(m.bytes()), nullptr, false);
+    j = nlohmann::ordered_json::parse(volume.ReadText(path, 64u << 20), nullptr, false);
   } catch (const Error&) {
     return {};
   }
@@ -24,9 +24,9 @@ std::map<std::string, std::vector<std::string>> WeightMap(const std::string& pat
   return out;
 }
 
-std::vector<std::string> WeightMapFiles(const std::string& path) {
+std::vector<std::string> WeightMapFiles(const std::string& path, const Volume& volume) {
   std::vector<std::string> files;
-  for (const auto& [file, names] : WeightMap(path)) files.push_back(file);
+  for (const auto& [file, names] : WeightMap(path, volume)) files.push_back(file);
   return files;
 }
 

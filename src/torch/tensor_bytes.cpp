@@ -1,6 +1,5 @@
 #include "torch/tensor_bytes.h"
 
-#include <optional>
 #include <string>
 
 #include "base/error.h"
@@ -11,9 +10,6 @@ namespace ckpt {
 namespace {
 
 constexpr size_t kChunk = 4u << 20;
-// A strided view of a backed file reaching more than this is materialized on disk instead of
-// read through a window (memory per thread).
-constexpr uint64_t kBackedReach = 64ull << 20;
 
 }  // namespace
 
@@ -42,24 +38,13 @@ void StreamTensorBytes(const MappedFile& map, const torch::TorchFile& tf, const 
     StreamRange(map, begin, size, [&sink](uint64_t, Bytes b) { sink(b); });
     return;
   }
-  // Strided: walk the index space row by row (the last dimension is the row). A backed file
-  // (a .ckz archive read in place) holds only plain bytes on disk: the bytes the view can
-  // reach are read through one window when they are few (the window then starts at file
-  // offset `shift`), else written into the file on disk first (a transposed view of a big
-  // storage visits all of it for every row).
-  Bytes file = map.bytes();
-  uint64_t shift = 0;
-  std::optional<MappedFile::Window> reach;
-  if (map.backed()) {
-    uint64_t from = base + t.byte_begin, size = t.byte_end - t.byte_begin;
-    if (size <= kBackedReach) {
-      reach.emplace(map, from, size);
-      file = reach->bytes();
-      shift = from;
-    } else {
-      map.Materialize(from, size);
-    }
-  }
+  // Strided: walk the index space row by row (the last dimension is the row), over the bytes
+  // the view can reach, read at random (MappedFile::Reach: a disk file's mapping; an archive
+  // member's reach decoded into memory while it is read).
+  const uint64_t from = base + t.byte_begin;
+  MappedFile::Reach reach(map, from, t.byte_end - t.byte_begin);
+  Bytes file = reach.bytes();
+  const uint64_t shift = from;
   size_t nd = t.shape.size();
   uint64_t inner = static_cast<uint64_t>(t.shape[nd - 1]);
   uint64_t inner_stride = static_cast<uint64_t>(t.stride[nd - 1]);

@@ -62,10 +62,13 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
   std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
   for (const TensorSource& t : tensors) sizes.push_back(t.whole ? WholeRange(t.size) : t.size);
-  bool backed = false;
-  for (const MappedFile* in : o.inputs) backed = backed || in->backed();
+  // Inputs without a descriptor are decoded as they are read (an archive's members): their
+  // tensors are read in source order, so that a chunk decoded for one serves the next. (Either
+  // way is correct: this is about speed.)
+  bool decoded = false;
+  for (const MappedFile* in : o.inputs) decoded = decoded || in->fd() < 0;
   std::vector<uint64_t> read_order;
-  if (backed) {
+  if (decoded) {
     read_order.reserve(tensors.size());
     for (const TensorSource& t : tensors) read_order.push_back(t.read_order);
   }
@@ -79,7 +82,7 @@ AtomicOutput WriteVerified(const std::string& path, std::vector<TensorSource>& t
     });
   };
   std::vector<uint32_t> crcs;
-  if (backed) {
+  if (decoded) {
     crcs = ParallelCrc(sizes, o.threads, kCrcPiece, piece, &read_order);
   } else {
     // Runs of small tensors are written by one job each, staged in memory: one pwrite per run.

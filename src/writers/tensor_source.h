@@ -26,8 +26,8 @@ struct TensorSource {
   bool whole = false;
   std::function<uint32_t(AtomicOutput& out, uint64_t dst, uint64_t offset, uint64_t length)> write;
   // Where its bytes are read, as a rank (input file, then offset); unset: the order of the
-  // list given to the writer. Inputs read through a ByteSource (a .ckz archive read in place)
-  // are read in this order, so a chunk decoded for one tensor serves the next.
+  // list given to the writer. Inputs decoded as they are read (a .ckz archive's members) are
+  // read in this order, so a chunk decoded for one tensor serves the next.
   uint64_t read_order = kUnordered;
   static constexpr uint64_t kUnordered = ~0ull;
   // When its bytes are one range of one input file (a contiguous tensor): that range, so that

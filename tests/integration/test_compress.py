@@ -404,10 +404,11 @@ class RewriteFromArchive(CkptTestCase):
 
 
 class ExportFromArchive(CkptTestCase):
-    """`ckptool export X.ckz` reads the archive in place: a sparse skeleton of its plain bytes goes
-    into a temp folder beside the output, tensor bytes are decoded from the chunks as they are
-    written. The same bytes as an export of the original, for every kind of checkpoint export
-    reads; nothing left behind; a damaged chunk anywhere is one clear error and no output."""
+    """`ckptool export X.ckz` reads the archive in place: the plain bytes of the file being read
+    are decoded into memory, tensor bytes from the chunks as they are written; nothing is
+    written but the output. The same bytes as an export of the original, for every kind of
+    checkpoint export reads; nothing left behind; a damaged chunk anywhere is one clear error
+    and no output."""
 
     def leftovers(self, folder):
         return [n for n in os.listdir(folder) if "ckptool-tmp" in n]
@@ -444,7 +445,7 @@ class ExportFromArchive(CkptTestCase):
         sd = {f"experts.{i}": flat[i * 97:(i + 1) * 97] for i in range(2000)}  # small views, shared
         sd["transposed"] = weights(96 * 160, 6).view(96, 160).t()  # strided
         sd["every_other"] = weights(4096, 7).view(64, 64)[:, ::2]  # strided inside a row
-        sd["sparse_reach"] = weights(17 << 20, 9)[::1001]  # reaches 68 MiB: materialized
+        sd["sparse_reach"] = weights(17 << 20, 9)[::1001]  # reaches 68 MiB of its storage
         sd["tied"] = sd["experts.3"]
         sd["bf16"] = weights(3000, 8).to(torch.bfloat16)
         sd["ids"] = torch.arange(1000)
@@ -474,6 +475,9 @@ class ExportFromArchive(CkptTestCase):
         run("export", self.path("checkpoint-500.ckz"), "--to", self.path("out.safetensors"))
         self.assertEqual(read_bytes(self.path("out.safetensors")), read_bytes(self.path("ref.safetensors")))
         self.assertEqual(self.leftovers(self.tmp), [])
+        # Into a folder: the config comes along from the archive as it does from the folder.
+        self.assert_same_export(folder, self.path("checkpoint-500.ckz"), out_name="as_folder")
+        self.assertIn("config.json", os.listdir(self.path("as_folder")))
 
     def test_zero_and_dcp_folder_archives_export_like_the_folders(self):
         import dcp_fixtures as dcp
@@ -522,7 +526,7 @@ class ExportFromArchive(CkptTestCase):
         src = self.path("model.pt")
         torch.save(state_dict(1 << 20, torch.float32), src)  # 4 MiB: chunks holding only tensors
         run("compress", "-q", src)
-        # At the start: the chunk with the pickle and zip headers (read when the skeleton is made).
+        # At the start: the chunk with the pickle and zip headers (read when the file is opened).
         self.assertIn("chunk 0 ", self.damaged_export(src, 0.001))
         # In the middle: a chunk of tensor bytes only, read while the output is written.
         err = self.damaged_export(src, 0.5)
@@ -561,6 +565,35 @@ class InspectAndVerifyArchives(CkptTestCase):
         r = run("verify", folder + ".ckz")
         self.assertIn("2 checkpoints inside verified as restored", r.stdout)
         self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
+
+    def test_reading_an_archive_in_place_writes_nothing_and_stays_inside_it(self):
+        """verify, inspect and export of a folder archive leave the temp folder empty (the plain
+        bytes are decoded into memory); a link in the archive is followed only inside it."""
+        folder = self.path("hf")
+        os.makedirs(folder)
+        torch.save(state_dict(1 << 12, torch.float32), os.path.join(folder, "pytorch_model.bin"))
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            f.write('{"model_type": "x"}')
+        secret = self.path("secret.json")
+        with open(secret, "w") as f:
+            f.write("not the archive's")
+        os.symlink(secret, os.path.join(folder, "tokenizer.json"))  # absolute: leaves the archive
+        os.symlink("config.json", os.path.join(folder, "generation_config.json"))  # inside
+        run("compress", "-q", folder)
+        tmpdir = self.path("tmpdir")
+        os.makedirs(tmpdir)
+        env = dict(os.environ, TMPDIR=tmpdir)
+        for args in (["verify", folder + ".ckz"], ["inspect", folder + ".ckz"],
+                     ["export", folder + ".ckz", "--to", self.path("out")]):
+            p = subprocess.run([CKPTOOL, *args], capture_output=True, text=True, env=env,
+                               timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual(os.listdir(tmpdir), [], args)
+        self.assertEqual(sorted(os.listdir(self.path("out"))),
+                         ["config.json", "generation_config.json", "model.safetensors"])
+        with open(self.path("out/generation_config.json")) as f:
+            self.assertEqual(f.read(), '{"model_type": "x"}')
+        self.assertEqual(sorted(n for n in os.listdir(self.tmp) if "ckptool-tmp" in n), [])
 
     def test_verify_of_a_zero_folder_archive_checks_the_partitions(self):
         import zero_fixtures as zf

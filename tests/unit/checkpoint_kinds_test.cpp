@@ -16,14 +16,14 @@ namespace {
 
 TEST(CheckpointKinds, EveryKindOpensToItsOwnImplementation) {
   for (Container k : {Container::kFile, Container::kArchive, Container::kZero, Container::kDcp}) {
-    std::unique_ptr<Checkpoint> c = CheckpointAt({k, "nowhere"});  // nothing read yet
+    std::unique_ptr<Checkpoint> c = CheckpointAt({k, "nowhere", nullptr});  // nothing read yet
     ASSERT_NE(c, nullptr);
     EXPECT_EQ(c->kind(), k);
     EXPECT_EQ(c->path(), "nowhere");
     EXPECT_EQ(c->name(), "nowhere");
   }
   // A model folder is described and verified by its files.
-  EXPECT_EQ(CheckpointAt({Container::kModelFolder, "hf"})->kind(), Container::kFile);
+  EXPECT_EQ(CheckpointAt({Container::kModelFolder, "hf", nullptr})->kind(), Container::kFile);
 }
 
 TEST(CheckpointKinds, ReportSectionsListFilesFirstAndEachKindOnce) {
@@ -41,7 +41,7 @@ TEST(CheckpointKinds, AMissingCheckpointFailsWhenItIsReadNamingItsPath) {
   test::TempDir d;
   const std::string gone = d.Path("gone.pt");
   for (Container k : {Container::kFile, Container::kArchive, Container::kZero, Container::kDcp}) {
-    std::unique_ptr<Checkpoint> c = CheckpointAt({k, gone});
+    std::unique_ptr<Checkpoint> c = CheckpointAt({k, gone, nullptr});
     try {
       c->Verify(1, {}, true);
       ADD_FAILURE() << "verified a checkpoint that is not there";
@@ -54,7 +54,7 @@ TEST(CheckpointKinds, AMissingCheckpointFailsWhenItIsReadNamingItsPath) {
 TEST(CheckpointKinds, AFileDescribesItselfUnderItsNameAndVerifiesClean) {
   test::TempDir d;
   std::unique_ptr<Checkpoint> c =
-      CheckpointAt({Container::kFile, d.Put("small.pt", test::ReadFixture("small.pt"))});
+      CheckpointAt({Container::kFile, d.Put("small.pt", test::ReadFixture("small.pt")), nullptr});
   c->set_name("archive.ckz: small.pt");
   std::vector<std::string> texts;
   c->DescribeText({}, [&](const std::string& t) { texts.push_back(t); });

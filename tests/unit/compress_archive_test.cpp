@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,9 +17,9 @@
 
 #include "base/endian.h"
 #include "compress/archive.h"
+#include "compress/archive_volume.h"
 #include "compress/format.h"
 #include "compress/layout.h"
-#include "compress/skeleton.h"
 #include "engines/compress.h"
 #include "io/atomic_output.h"
 #include "io/crc32.h"
@@ -160,43 +161,90 @@ TEST_F(CompressArchiveTest, LargeMixedFileRoundTripsAndIsSmallerThanTheInput) {
   EXPECT_EQ(v.bytes, data.size());
 }
 
-TEST_F(CompressArchiveTest, ASkeletonHoldsThePlainBytesAndWindowsReadTheTensorsFromTheChunks) {
+TEST_F(CompressArchiveTest, AMemberHoldsThePlainBytesAndWindowsReadTheTensorsFromTheChunks) {
   std::string data = MixedFile(700000, 900000, 2);  // 4.6 MiB of tensors, a 150-byte header
   Archive("mixed.bin", data);
   const uint64_t header = 8 + LoadLE<uint64_t>(reinterpret_cast<const uint8_t*>(data.data()));
-  std::string dest = Path("skeleton.bin");
-  {
-    auto s = ckz::Skeleton::Build(Path("mixed.bin.ckz"), dest, 2);
-    EXPECT_EQ(s->plain_bytes(), header);
-    EXPECT_EQ(s->backed_bytes(), data.size() - header);
-    struct stat st {};
-    ASSERT_EQ(::stat(dest.c_str(), &st), 0);
-    EXPECT_EQ(static_cast<uint64_t>(st.st_size), data.size());
-    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 64u << 10);  // sparse: tensors are holes
-    MappedFile m = MappedFile::Open(dest);
-    ASSERT_TRUE(m.backed());
-    EXPECT_EQ(m.stamp().path, Path("mixed.bin.ckz"));  // writers check the archive
-    // On disk: the header, then zeros where the tensors were.
-    EXPECT_EQ(AsText(m.bytes().subspan(0, header)), data.substr(0, header));
-    EXPECT_EQ(m.bytes()[header + 1000], 0);
-    // Through windows: every byte, at any offset and length, across chunk boundaries.
-    std::mt19937_64 rng(7);
-    for (int i = 0; i < 200; ++i) {
-      uint64_t off = rng() % data.size();
-      uint64_t len = 1 + rng() % std::min<uint64_t>(data.size() - off, 3u << 20);
-      MappedFile::Window w(m, off, len);
-      ASSERT_EQ(AsText(w.bytes()), data.substr(off, len)) << off << "+" << len;
-    }
-    MappedFile::Window all(m, 0, data.size());
-    EXPECT_EQ(AsText(all.bytes()), data);
-    // Materialized: written into the file, seen through the mapping from then on.
-    m.Materialize(header + 1000, 3u << 20);
-    EXPECT_EQ(AsText(m.bytes().subspan(header + 1000, 3u << 20)),
-              data.substr(header + 1000, 3u << 20));
-    EXPECT_EQ(m.bytes()[header + 999], 0);
+  const std::string root = Path("mixed.bin.ckz") + "/mixed.bin";
+  auto v = ckz::ArchiveVolume::Open(Path("mixed.bin.ckz"), root, 2);
+  EXPECT_EQ(v->plain_bytes(), header);
+  EXPECT_EQ(v->tensor_bytes(), data.size() - header);
+  EXPECT_EQ(v->TypeOf(root), NodeType::kFile);
+  EXPECT_EQ(v->TypeOf(root + "/x"), NodeType::kMissing);
+  EXPECT_EQ(v->TypeOf(Path("mixed.bin")), NodeType::kMissing);  // not below the root
+  MappedFile m = v->Open(root);
+  EXPECT_EQ(m.size(), data.size());
+  EXPECT_EQ(m.fd(), -1);                             // nothing for the kernel to copy from
+  EXPECT_EQ(m.stamp().path, Path("mixed.bin.ckz"));  // writers check the archive
+  // The mapping: the header, then zeros where the tensors are.
+  EXPECT_EQ(AsText(m.bytes().subspan(0, header)), data.substr(0, header));
+  EXPECT_EQ(m.bytes()[header + 1000], 0);
+  // Through windows, Read and Reach: every byte, at any offset and length, across chunks.
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    uint64_t off = rng() % data.size();
+    uint64_t len = 1 + rng() % std::min<uint64_t>(data.size() - off, 3u << 20);
+    MappedFile::Window w(m, off, len);
+    ASSERT_EQ(AsText(w.bytes()), data.substr(off, len)) << off << "+" << len;
+    std::string read(len, '\0');
+    m.Read(off, reinterpret_cast<uint8_t*>(read.data()), len);
+    ASSERT_EQ(read, data.substr(off, len)) << off << "+" << len;
   }
-  // Once the skeleton is gone the file is just a file again.
-  EXPECT_FALSE(MappedFile::Open(dest).backed());
+  MappedFile::Window all(m, 0, data.size());
+  EXPECT_EQ(AsText(all.bytes()), data);
+  MappedFile::Reach reach(m, header + 1000, 3u << 20);
+  EXPECT_EQ(AsText(reach.bytes()), data.substr(header + 1000, 3u << 20));
+  // Released pages of a member are not dropped: they are its only copy.
+  m.Release(0, data.size());
+  EXPECT_EQ(AsText(m.bytes().subspan(0, header)), data.substr(0, header));
+  // Nothing was written beside the archive.
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"mixed.bin", "mixed.bin.ckz"}));
+}
+
+TEST_F(CompressArchiveTest, AFolderArchiveIsAVolumeItsLinksFollowedOnlyInside) {
+  fs::create_directories(Path("run/ckpt/sub"));
+  std::string data = MixedFile(3000, 5000, 9);
+  Put(Path("run/ckpt/model.safetensors"), data);
+  Put(Path("run/ckpt/sub/notes.txt"), "hello");
+  Put(Path("run/outside.txt"), "secret");
+  fs::create_symlink("ckpt/model.safetensors", Path("run/last"));
+  fs::create_symlink("../outside.txt", Path("run/ckpt/up"));      // inside: run/outside.txt
+  fs::create_symlink("../../outside.txt", Path("run/ckpt/out"));  // leaves the archive
+  fs::create_symlink("/etc/passwd", Path("run/abs"));
+  fs::create_symlink("ckpt", Path("run/dir"));
+  CompressOptions o;
+  o.threads = 2;
+  CompressResult r = CompressPath(Path("run"), o);
+  fs::remove_all(Path("run"));
+  const std::string root = r.output + "/run";
+  auto v = ckz::ArchiveVolume::Open(r.output, root, 2);
+  std::vector<std::string> top;
+  for (const Node& n : v->List(root)) top.push_back(n.path.substr(root.size() + 1));
+  EXPECT_EQ(top, (std::vector<std::string>{"abs", "ckpt", "dir", "last", "outside.txt"}));
+  EXPECT_EQ(v->LinkTypeOf(root + "/last"), NodeType::kSymlink);
+  EXPECT_EQ(v->TypeOf(root + "/last"), NodeType::kFile);
+  EXPECT_EQ(v->TypeOf(root + "/dir"), NodeType::kFolder);
+  EXPECT_EQ(v->TypeOf(root + "/dir/sub/notes.txt"), NodeType::kFile);
+  EXPECT_EQ(v->TypeOf(root + "/ckpt/up"), NodeType::kFile);
+  EXPECT_EQ(v->TypeOf(root + "/ckpt/out"), NodeType::kMissing);
+  EXPECT_EQ(v->TypeOf(root + "/abs"), NodeType::kMissing);
+  EXPECT_EQ(v->TypeOf(root + "/ckpt/../../x"), NodeType::kMissing);
+  EXPECT_THROW(v->Open(root + "/abs"), Error);
+  EXPECT_THROW(v->List(root + "/last"), Error);
+  EXPECT_EQ(v->ReadText(root + "/dir/sub/notes.txt", 100), "hello");
+  EXPECT_EQ(v->ReadText(root + "/ckpt/up", 100), "secret");
+  MappedFile m = v->Open(root + "/last");
+  MappedFile::Window w(m, 0, m.size());
+  EXPECT_EQ(AsText(w.bytes()), data);
+  // A walk: depth first in name order, links not followed.
+  std::vector<std::string> walked;
+  v->Walk(root, [&](const Node& n) { walked.push_back(n.path.substr(root.size() + 1)); });
+  EXPECT_EQ(walked, (std::vector<std::string>{"abs", "ckpt", "ckpt/model.safetensors", "ckpt/out",
+                                              "ckpt/sub", "ckpt/sub/notes.txt", "ckpt/up", "dir",
+                                              "last", "outside.txt"}));
 }
 
 TEST_F(CompressArchiveTest, AnEmptyFileWhoseChecksumIsNotZeroIsDamageToVerifyAndDecompress) {
@@ -221,12 +269,11 @@ TEST_F(CompressArchiveTest, AnEmptyFileWhoseChecksumIsNotZeroIsDamageToVerifyAnd
   EXPECT_FALSE(fs::exists(Path("restored.bin")));
 }
 
-TEST_F(CompressArchiveTest, CopyingASkeletonFileCopiesItsTensorsNotItsHoles) {
+TEST_F(CompressArchiveTest, CopyingAMemberCopiesItsTensorsNotItsZeros) {
   std::string data = MixedFile(700000, 900000, 4);
   Archive("mixed.bin", data);
-  auto s = ckz::Skeleton::Build(Path("mixed.bin.ckz"), Path("held.bin"), 2);
-  MappedFile m = MappedFile::Open(Path("held.bin"));
-  ASSERT_TRUE(m.backed());
+  auto v = ckz::ArchiveVolume::Open(Path("mixed.bin.ckz"), Path("mixed.bin.ckz") + "/held.bin", 2);
+  MappedFile m = v->Open(Path("mixed.bin.ckz") + "/held.bin");
   {
     AtomicOutput out = AtomicOutput::Create(Path("copy.bin"), m.size());
     out.CopyFrom(m, 0, 0, 1000);  // the header and the first tensor bytes
@@ -236,7 +283,7 @@ TEST_F(CompressArchiveTest, CopyingASkeletonFileCopiesItsTensorsNotItsHoles) {
   EXPECT_EQ(Get(Path("copy.bin")), data);
 }
 
-TEST_F(CompressArchiveTest, ASkeletonRefusesADamagedTensorChunkWhenItIsRead) {
+TEST_F(CompressArchiveTest, AMemberRefusesADamagedTensorChunkWhenItIsRead) {
   std::string data = MixedFile(700000, 0, 3);
   std::string archive = Archive("f32.bin", data);
   ckz::Archive a = ckz::Archive::FromBytes(test::B(archive), "f32.ckz");
@@ -244,8 +291,8 @@ TEST_F(CompressArchiveTest, ASkeletonRefusesADamagedTensorChunkWhenItIsRead) {
   const ckz::Chunk& last = a.index().chunks.back();  // tensor bytes only
   archive[last.archive_offset + last.stored_bytes() - 100] ^= 0x10;
   Put(Path("bad.ckz"), archive);
-  auto s = ckz::Skeleton::Build(Path("bad.ckz"), Path("bad.bin"), 1);  // the header is fine
-  MappedFile m = MappedFile::Open(Path("bad.bin"));
+  auto v = ckz::ArchiveVolume::Open(Path("bad.ckz"), Path("bad.ckz") + "/f32.bin", 1);
+  MappedFile m = v->Open(Path("bad.ckz") + "/f32.bin");  // the header is fine
   {
     MappedFile::Window first(m, 0, 1000);
     EXPECT_EQ(AsText(first.bytes()), data.substr(0, 1000));

@@ -244,22 +244,7 @@ MappedFile ArchiveVolume::Open(const std::string& path) const {
   return f;
 }
 
-NodeType ArchiveVolume::TypeOf(const std::string& path) const {
-  int64_t i = Find(path, true);
-  if (i < 0) return NodeType::kMissing;
-  switch (archive_->index().entries[static_cast<size_t>(i)].type) {
-    case EntryType::kFile:
-      return NodeType::kFile;
-    case EntryType::kFolder:
-      return NodeType::kFolder;
-    case EntryType::kSymlink:
-      return NodeType::kMissing;  // a link that could not be followed
-  }
-  return NodeType::kOther;
-}
-
-NodeType ArchiveVolume::LinkTypeOf(const std::string& path) const {
-  int64_t i = Find(path, false);
+NodeType ArchiveVolume::TypeAt(int64_t i) const {
   if (i < 0) return NodeType::kMissing;
   switch (archive_->index().entries[static_cast<size_t>(i)].type) {
     case EntryType::kFile:
@@ -270,6 +255,15 @@ NodeType ArchiveVolume::LinkTypeOf(const std::string& path) const {
       return NodeType::kSymlink;
   }
   return NodeType::kOther;
+}
+
+// Find follows every link it can, and finds nothing where one leads nowhere.
+NodeType ArchiveVolume::TypeOf(const std::string& path) const {
+  return TypeAt(Find(path, true));
+}
+
+NodeType ArchiveVolume::LinkTypeOf(const std::string& path) const {
+  return TypeAt(Find(path, false));
 }
 
 std::vector<Node> ArchiveVolume::List(const std::string& path) const {

@@ -25,9 +25,9 @@ class ArchiveVolume : public Volume {
   // `threads` decode a member's plain bytes. Throws ckpt::Error naming the archive.
   static std::unique_ptr<ArchiveVolume> Open(const std::string& archive, std::string root,
                                              unsigned threads);
+  ~ArchiveVolume() override;  // drops this thread's decoded chunks of it
 
   const std::string& root() const { return root_; }
-  const std::string& archive() const { return archive_->name(); }
   // Of all its files: the plain bytes, and the tensor bytes read from the chunks as needed.
   uint64_t plain_bytes() const { return plain_bytes_; }
   uint64_t tensor_bytes() const { return tensor_bytes_; }
@@ -39,13 +39,10 @@ class ArchiveVolume : public Volume {
 
  private:
   ArchiveVolume() = default;
-
- public:
-  ~ArchiveVolume() override;  // drops this thread's decoded chunks of it
-
- private:
   // The entry `path` names (links followed: all, or all but the last), or -1.
   int64_t Find(const std::string& path, bool follow_last) const;
+  // What entry `i` is (-1: kMissing).
+  NodeType TypeAt(int64_t i) const;
   // `path` made relative to root_ ("" for the root), or false when it is not below it.
   bool Inside(const std::string& path, std::string& rel) const;
 

@@ -567,8 +567,9 @@ class InspectAndVerifyArchives(CkptTestCase):
         self.assertEqual([n for n in os.listdir(self.tmp) if "ckptool-tmp" in n], [])
 
     def test_reading_an_archive_in_place_writes_nothing_and_stays_inside_it(self):
-        """verify, inspect and export of a folder archive leave the temp folder empty (the plain
-        bytes are decoded into memory); a link in the archive is followed only inside it."""
+        """verify and inspect of a folder archive write nothing at all (the plain bytes are
+        decoded into memory), nor does export but its output; a link in the archive is followed
+        only inside it."""
         folder = self.path("hf")
         os.makedirs(folder)
         torch.save(state_dict(1 << 12, torch.float32), os.path.join(folder, "pytorch_model.bin"))
@@ -580,15 +581,23 @@ class InspectAndVerifyArchives(CkptTestCase):
         os.symlink(secret, os.path.join(folder, "tokenizer.json"))  # absolute: leaves the archive
         os.symlink("config.json", os.path.join(folder, "generation_config.json"))  # inside
         run("compress", "-q", folder)
-        tmpdir = self.path("tmpdir")
-        os.makedirs(tmpdir)
-        env = dict(os.environ, TMPDIR=tmpdir)
-        for args in (["verify", folder + ".ckz"], ["inspect", folder + ".ckz"],
-                     ["export", folder + ".ckz", "--to", self.path("out")]):
-            p = subprocess.run([CKPTOOL, *args], capture_output=True, text=True, env=env,
-                               timeout=300)
+        # verify and inspect create no file or folder anywhere (traced: a temp folder made and
+        # removed during the run would leave no other trace).
+        trace = self.path("trace")
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")  # LeakSanitizer cannot run under ptrace
+        for args in (["verify", folder + ".ckz"], ["inspect", folder + ".ckz"]):
+            p = subprocess.run(["strace", "-f", "-qq", "-o", trace, "-e",
+                                "trace=open,openat,creat,mkdir,mkdirat,symlink,symlinkat,rename,"
+                                "renameat,renameat2", CKPTOOL, *args],
+                               capture_output=True, text=True, env=env, timeout=300)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-            self.assertEqual(os.listdir(tmpdir), [], args)
+            with open(trace) as f:
+                calls = f.read().splitlines()
+            self.assertTrue(any(self.tmp in c for c in calls), "strace saw no call")  # it traced
+            writes = [c for c in calls if "O_CREAT" in c or "O_WRONLY" in c or "O_RDWR" in c or
+                      "mkdir" in c or "symlink" in c or "rename" in c]
+            self.assertEqual(writes, [], args)
+        run("export", folder + ".ckz", "--to", self.path("out"))
         self.assertEqual(sorted(os.listdir(self.path("out"))),
                          ["config.json", "generation_config.json", "model.safetensors"])
         with open(self.path("out/generation_config.json")) as f:

@@ -237,7 +237,7 @@ MappedFile ArchiveVolume::Open(const std::string& path) const {
   std::shared_ptr<const ByteSource> source;
   if (!all_plain) source = std::make_shared<ArchiveFile>(archive_, id_, static_cast<size_t>(i));
   MappedFile f = MappedFile::Member(
-      path, e.size, archive_->map().stamp(), std::move(source),
+      path, e.size, static_cast<mode_t>(e.mode), archive_->map().stamp(), std::move(source),
       [&](uint8_t* image) { WritePlainBytes(*archive_, static_cast<size_t>(i), image, threads_); });
   if (archive_->map().stamp().ChangedOnDisk())
     Fail("{}: the archive changed while it was being read", archive_->name());

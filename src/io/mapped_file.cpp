@@ -56,14 +56,14 @@ MappedFile MappedFile::Open(const std::string& path) {
   return f;
 }
 
-MappedFile MappedFile::Member(std::string path, uint64_t size, Stamp origin,
+MappedFile MappedFile::Member(std::string path, uint64_t size, mode_t mode, Stamp origin,
                               std::shared_ptr<const ByteSource> source,
                               const std::function<void(uint8_t* image)>& fill) {
   MappedFile f;
   f.path_ = std::move(path);
   f.size_ = size;
   f.stamp_ = std::move(origin);
-  f.mode_ = S_IFREG | 0600;
+  f.mode_ = S_IFREG | (mode & 07777);
   f.uid_ = ::getuid();
   f.gid_ = ::getgid();
   f.source_ = std::move(source);

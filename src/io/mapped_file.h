@@ -63,8 +63,9 @@ class MappedFile {
   // only: the structure a parser reads; data is read through Window, Read and Reach, as any
   // reader does to keep its memory flat. It has no descriptor (fd() is -1: nothing can be
   // copied from it by the kernel), and its stamp is `origin`: a writer that requires its
-  // inputs unchanged checks the archive.
-  static MappedFile Member(std::string path, uint64_t size, Stamp origin,
+  // inputs unchanged checks the archive; its mode is `mode` (what a copy of it is given), its
+  // owner the process's.
+  static MappedFile Member(std::string path, uint64_t size, mode_t mode, Stamp origin,
                            std::shared_ptr<const ByteSource> source,
                            const std::function<void(uint8_t* image)>& fill);
   // Copies [offset, offset + size) into dst. Throws when the range is outside the file.

@@ -575,6 +575,7 @@ class InspectAndVerifyArchives(CkptTestCase):
         torch.save(state_dict(1 << 12, torch.float32), os.path.join(folder, "pytorch_model.bin"))
         with open(os.path.join(folder, "config.json"), "w") as f:
             f.write('{"model_type": "x"}')
+        os.chmod(os.path.join(folder, "config.json"), 0o640)
         secret = self.path("secret.json")
         with open(secret, "w") as f:
             f.write("not the archive's")
@@ -602,6 +603,7 @@ class InspectAndVerifyArchives(CkptTestCase):
                          ["config.json", "generation_config.json", "model.safetensors"])
         with open(self.path("out/generation_config.json")) as f:
             self.assertEqual(f.read(), '{"model_type": "x"}')
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("out/config.json")).st_mode), 0o640)
         self.assertEqual(sorted(n for n in os.listdir(self.tmp) if "ckptool-tmp" in n), [])
 
     def test_verify_of_a_zero_folder_archive_checks_the_partitions(self):

@@ -1,5 +1,8 @@
 #include "compress/archive_volume.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -8,6 +11,7 @@
 
 #include "base/error.h"
 #include "compress/pipeline.h"
+#include "io/positioned_io.h"
 
 namespace ckpt::ckz {
 
@@ -125,9 +129,9 @@ uint64_t PlainBytes(const Index& index, const Entry& e) {
   return plain;
 }
 
-// Writes the plain bytes of entry `i` into `image` (the file's size, zero elsewhere). Only
-// chunks holding plain bytes are decoded (and checked); tensor-only chunks are skipped.
-void WritePlainBytes(const Archive& a, size_t i, uint8_t* image, unsigned threads) {
+// Writes the plain bytes of entry `i` into the file `fd` (of the entry's size, zero elsewhere).
+// Only chunks holding plain bytes are decoded (and checked); tensor-only chunks are skipped.
+void WritePlainBytes(const Archive& a, size_t i, int fd, unsigned threads) {
   const Index& index = a.index();
   const Entry& e = index.entries[i];
   DecodeLoop loop;
@@ -142,7 +146,7 @@ void WritePlainBytes(const Archive& a, size_t i, uint8_t* image, unsigned thread
     uint64_t at = 0;
     for (const Run& r : RunsOf(e.ranges, c.offset, c.length)) {
       if (r.transform == Transform::kBytes)
-        std::memcpy(image + c.offset + at, bytes.data() + at, r.length);
+        WriteFullyAt(fd, bytes.subspan(at, r.length), c.offset + at, e.path, "write failed");
       at += r.length;
     }
   };
@@ -236,9 +240,10 @@ MappedFile ArchiveVolume::Open(const std::string& path) const {
   bool all_plain = PlainBytes(archive_->index(), e) == e.size;
   std::shared_ptr<const ByteSource> source;
   if (!all_plain) source = std::make_shared<ArchiveFile>(archive_, id_, static_cast<size_t>(i));
-  MappedFile f = MappedFile::Member(
-      path, e.size, static_cast<mode_t>(e.mode), archive_->map().stamp(), std::move(source),
-      [&](uint8_t* image) { WritePlainBytes(*archive_, static_cast<size_t>(i), image, threads_); });
+  std::lock_guard<std::mutex> lock(images_mutex_);
+  MappedFile f =
+      MappedFile::Member(path, e.size, static_cast<mode_t>(e.mode), archive_->map().stamp(),
+                         std::move(source), ImageOf(static_cast<size_t>(i)));
   if (archive_->map().stamp().ChangedOnDisk())
     Fail("{}: the archive changed while it was being read", archive_->name());
   return f;
@@ -283,7 +288,37 @@ std::vector<Node> ArchiveVolume::List(const std::string& path) const {
   return out;
 }
 
+int ArchiveVolume::ImageOf(size_t i) const {
+  auto it =
+      std::find_if(images_.begin(), images_.end(), [i](const auto& m) { return m.first == i; });
+  if (it != images_.end()) {
+    std::rotate(it, it + 1, images_.end());  // the latest last
+    return images_.back().second;
+  }
+  const Entry& e = archive_->index().entries[i];
+  int fd = ::memfd_create("ckptool-member", MFD_CLOEXEC);
+  if (fd < 0)
+    Fail("{}: {}: cannot make a file in memory: {}", archive_->name(), e.path,
+         std::strerror(errno));
+  try {
+    if (::ftruncate(fd, static_cast<off_t>(e.size)) != 0)
+      Fail("{}: {}: cannot size a file in memory: {}", archive_->name(), e.path,
+           std::strerror(errno));
+    WritePlainBytes(*archive_, i, fd, threads_);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (images_.size() == kImages) {  // a mapping keeps its image alive: the descriptor can go
+    ::close(images_.front().second);
+    images_.erase(images_.begin());
+  }
+  images_.emplace_back(i, fd);
+  return fd;
+}
+
 ArchiveVolume::~ArchiveVolume() {
+  for (const auto& [entry, fd] : images_) ::close(fd);
   cache.Drop(id_);
 }
 

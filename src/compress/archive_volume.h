@@ -2,16 +2,20 @@
 // archive restores to, under a root path of the caller's choosing, and whose files are
 // MappedFile members (io/mapped_file.h). Opening a member decodes its plain bytes -- every
 // byte outside the typed tensor ranges: zip headers, pickles, safetensors headers, json,
-// tokenizers -- into memory; each tensor byte a Window reads is decoded from the archive's
-// chunks at that moment, its chunk's CRC32 checked. Nothing is written anywhere; memory is the
-// plain bytes of the open members, a few decoded chunks per thread and the windows being read.
+// tokenizers -- into a file in memory (memfd; the last few opened are kept, so that discovery
+// and the reader that follows decode them once); each tensor byte a Window reads is decoded
+// from the archive's chunks at that moment, its chunk's CRC32 checked. Nothing is written
+// anywhere; memory is the plain bytes of the open (and last few) members, a few decoded chunks
+// per thread and the windows being read.
 // Links are followed inside the archive only: one that leaves it (an absolute target, or
 // more ".." than folders) leads nowhere.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compress/archive.h"
@@ -41,6 +45,9 @@ class ArchiveVolume : public Volume {
   ArchiveVolume() = default;
   // The entry `path` names (links followed: all, or all but the last), or -1.
   int64_t Find(const std::string& path, bool follow_last) const;
+  // The memory file holding entry `i`'s plain bytes, made now or kept from before (the cache
+  // owns it). Call with images_mutex_ held.
+  int ImageOf(size_t i) const;
   // What entry `i` is (-1: kMissing).
   NodeType TypeAt(int64_t i) const;
   // `path` made relative to root_ ("" for the root), or false when it is not below it.
@@ -54,6 +61,9 @@ class ArchiveVolume : public Volume {
   std::map<std::string, std::vector<std::string>> children_;  // folder -> names, sorted
   uint64_t plain_bytes_ = 0;
   uint64_t tensor_bytes_ = 0;
+  static constexpr size_t kImages = 4;
+  mutable std::mutex images_mutex_;
+  mutable std::vector<std::pair<size_t, int>> images_;  // entry, memfd; the latest last
 };
 
 }  // namespace ckpt::ckz

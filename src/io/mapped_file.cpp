@@ -57,8 +57,7 @@ MappedFile MappedFile::Open(const std::string& path) {
 }
 
 MappedFile MappedFile::Member(std::string path, uint64_t size, mode_t mode, Stamp origin,
-                              std::shared_ptr<const ByteSource> source,
-                              const std::function<void(uint8_t* image)>& fill) {
+                              std::shared_ptr<const ByteSource> source, int image) {
   MappedFile f;
   f.path_ = std::move(path);
   f.size_ = size;
@@ -67,15 +66,12 @@ MappedFile MappedFile::Member(std::string path, uint64_t size, mode_t mode, Stam
   f.uid_ = ::getuid();
   f.gid_ = ::getgid();
   f.source_ = std::move(source);
-  f.member_ = true;
   if (size == 0) return f;
-  // Pages never written stay unallocated: the memory is the plain bytes, not the file.
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Shared: pages Release drops from the resident set stay in the image, as a disk file's
+  // stay in the page cache.
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, image, 0);
   if (p == MAP_FAILED) FailErrno(f.path_, "cannot map");
   f.data_ = static_cast<const uint8_t*>(p);
-  fill(static_cast<uint8_t*>(p));
-  ::mprotect(p, size, PROT_READ);
   return f;
 }
 
@@ -95,7 +91,6 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     uid_ = other.uid_;
     gid_ = other.gid_;
     source_ = std::move(other.source_);
-    member_ = std::exchange(other.member_, false);
   }
   return *this;
 }
@@ -111,7 +106,6 @@ void MappedFile::Reset() {
   size_ = 0;
   fd_ = -1;
   source_.reset();
-  member_ = false;
 }
 
 // Windows are read with pread into a reused buffer rather than through the mapping. First
@@ -224,7 +218,7 @@ void MappedFile::Populate(uint64_t offset, uint64_t size) const {
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t size) const {
-  if (data_ == nullptr || size == 0 || member_) return;  // a member's pages are its only copy
+  if (data_ == nullptr || size == 0) return;
   // Only whole pages inside the range: neighbours may still be in use by other threads.
   uint64_t start = (offset + kPageSize - 1) & ~(kPageSize - 1);
   uint64_t end = (offset + size) & ~(kPageSize - 1);

@@ -5,7 +5,6 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -57,17 +56,16 @@ class MappedFile {
   };
   const Stamp& stamp() const { return stamp_; }
 
-  // A file that is not on disk (a .ckz archive's member): `size` bytes of private memory, into
-  // which `fill` writes its plain bytes, the rest left zero; every byte a Window, Read or
-  // Reach shows comes from `source` (none: all of it is plain). bytes() shows the plain bytes
-  // only: the structure a parser reads; data is read through Window, Read and Reach, as any
-  // reader does to keep its memory flat. It has no descriptor (fd() is -1: nothing can be
-  // copied from it by the kernel), and its stamp is `origin`: a writer that requires its
-  // inputs unchanged checks the archive; its mode is `mode` (what a copy of it is given), its
-  // owner the process's.
+  // A file that is not on disk (a .ckz archive's member): `image`, a descriptor of a file in
+  // memory (memfd) `size` bytes long holding its plain bytes, the rest left zero, is mapped
+  // (the descriptor stays the caller's); every byte a Window, Read or Reach shows comes from
+  // `source` (none: all of it is plain). bytes() shows the plain bytes only: the structure a
+  // parser reads; data is read through Window, Read and Reach, as any reader does to keep its
+  // memory flat. It has no descriptor of its own (fd() is -1: nothing can be copied from it by
+  // the kernel), and its stamp is `origin`: a writer that requires its inputs unchanged checks
+  // the archive; its mode is `mode` (what a copy of it is given), its owner the process's.
   static MappedFile Member(std::string path, uint64_t size, mode_t mode, Stamp origin,
-                           std::shared_ptr<const ByteSource> source,
-                           const std::function<void(uint8_t* image)>& fill);
+                           std::shared_ptr<const ByteSource> source, int image);
   // Copies [offset, offset + size) into dst. Throws when the range is outside the file.
   void Read(uint64_t offset, uint8_t* dst, uint64_t size) const;
 
@@ -153,7 +151,6 @@ class MappedFile {
   uid_t uid_ = 0;
   gid_t gid_ = 0;
   std::shared_ptr<const ByteSource> source_;
-  bool member_ = false;  // data_ is private memory: never released
 };
 
 }  // namespace ckpt

@@ -75,7 +75,7 @@ class MappedFile {
 
   // A piece of the file being streamed through, read with pread into a buffer this thread
   // reuses (faster than first touches of mapped pages, and no page of the mapping joins the
-  // resident set); of a backed file, read from its ByteSource into such a buffer. The bytes
+  // resident set); of a member, read from its ByteSource into such a buffer. The bytes
   // are valid while the window lives. (A MappedFile without a descriptor maps the piece in
   // one call and drops it from the resident set when the window goes.)
   class Window {
@@ -86,7 +86,7 @@ class MappedFile {
     Window& operator=(const Window&) = delete;
     Bytes bytes() const { return bytes_; }
 
-    // Of a backed file: a buffer taken from this thread's spares (fresh pages for every
+    // What a window reads into: a buffer taken from this thread's spares (fresh pages for every
     // window would cost a page fault per 4 KiB read) and given back when the window goes.
     struct Buffer {
       std::unique_ptr<uint8_t[]> data;

@@ -30,8 +30,7 @@ class ArchiveView {
   // A path below root() as the archive names it ("model.pt", "run/rank0.pt").
   std::string Relative(const std::string& path) const;
   // What root() is read from: the archive's volume (Open), or the disk (Restore).
-  const Volume& volume() const { return volume_ ? *volume_ : Disk(); }
-  std::shared_ptr<const Volume> shared_volume() const { return volume_; }
+  const Volume& volume() const { return OrDisk(volume_.get()); }
   // Open only: the archive's volume.
   const ckz::ArchiveVolume& archive_volume() const { return *volume_; }
   // `text` (an error message) with the prefix of every path in it below root()'s folder

@@ -66,7 +66,7 @@ class Checkpoint {
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
   // What its files are read from: the disk, or an archive's volume (read in place).
-  const Volume& volume() const { return volume_ ? *volume_ : Disk(); }
+  const Volume& volume() const { return OrDisk(volume_.get()); }
   void set_volume(std::shared_ptr<const Volume> volume) { volume_ = std::move(volume); }
 
   virtual Container kind() const = 0;

@@ -31,10 +31,6 @@ Container ContainerOf(const std::string& path, const Volume& volume) {
   return Container::kModelFolder;
 }
 
-const Volume& VolumeOf(const Located& l) {
-  return l.volume ? *l.volume : Disk();
-}
-
 std::vector<Located> Locate(const std::vector<std::string>& inputs,
                             std::vector<std::string>* skipped) {
   return Locate(nullptr, inputs, skipped);
@@ -43,7 +39,7 @@ std::vector<Located> Locate(const std::vector<std::string>& inputs,
 std::vector<Located> Locate(std::shared_ptr<const Volume> volume,
                             const std::vector<std::string>& inputs,
                             std::vector<std::string>* skipped) {
-  const Volume& v = volume ? *volume : Disk();
+  const Volume& v = OrDisk(volume.get());
   std::vector<std::string> archives, paths, zero, dcp_folders;
   for (const std::string& p : inputs) {
     // A path that is not there is left to the walk, which reports it as the commands did.

@@ -31,7 +31,6 @@ struct Located {
   // What `path` is read from: an archive's volume (compress/archive_volume.h); null: the disk.
   std::shared_ptr<const Volume> volume;
 };
-const Volume& VolumeOf(const Located& l);
 
 // The checkpoints `inputs` name, in the order reports list them: archives, checkpoint files
 // (folders walked as ExpandInputs walks them: a ZeRO folder's rank files too), ZeRO folders,

@@ -46,13 +46,16 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::string& path
                                                          const Volume& volume) {
   std::unique_ptr<OpenedCheckpoint> c(new OpenedCheckpoint());
   c->path_ = c->opened_ = path;
-  c->on_disk_ = &volume == &Disk();
   c->sources_.push_back({path, &volume});
   c->OpenOne(path, ContainerOf(path, volume), o, volume);
   if (c->files_.size() > 1) c->Index();
-  if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
-    throw UsageError("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
+  c->CheckZeroOptions(o);
   return c;
+}
+
+void OpenedCheckpoint::CheckZeroOptions(const OpenOptions& o) const {
+  if (kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
+    throw UsageError("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
 }
 
 std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::string>& paths,
@@ -71,7 +74,6 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
       opened.push_back(v.root());
       volumes.push_back(&v.volume());
       kind = ContainerOf(opened.back(), v.volume());
-      c->on_disk_ = false;
     } else {
       opened.push_back(p);
       volumes.push_back(&Disk());
@@ -117,8 +119,7 @@ std::unique_ptr<OpenedCheckpoint> OpenedCheckpoint::Open(const std::vector<std::
     }
     Rethrow(e, what);
   }
-  if (c->kind_ != "zero" && (!o.tag.empty() || o.exclude_frozen))
-    throw UsageError("--tag and --exclude-frozen apply to DeepSpeed ZeRO checkpoints");
+  c->CheckZeroOptions(o);
   return c;
 }
 
@@ -363,7 +364,9 @@ void OpenedCheckpoint::ReleaseParsed() {
 
 const std::string* OpenedCheckpoint::DirectFile(const LogicalTensor& t) const {
   // A file's tensors have input = its index in files_ (OpenFiles adds one input per file).
-  if (!on_disk_ || t.input < 0 || t.whole) return nullptr;
+  if (t.input < 0 || t.whole) return nullptr;
+  for (const Source& s : sources_)
+    if (s.volume != &Disk()) return nullptr;  // a member of an archive: no file to map
   return &files_[static_cast<size_t>(t.input)]->path;
 }
 

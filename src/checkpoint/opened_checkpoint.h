@@ -102,6 +102,8 @@ class OpenedCheckpoint {
 
  private:
   OpenedCheckpoint() = default;
+  // Refuses the ZeRO-only options for another kind.
+  void CheckZeroOptions(const OpenOptions& o) const;
   void OpenOne(const std::string& at, Container kind, const OpenOptions& o, const Volume& volume);
   void OpenDcp(const std::string& at, const Volume& volume);
   // Each file with what it is read from.
@@ -119,7 +121,6 @@ class OpenedCheckpoint {
   std::unique_ptr<dcp::Checkpoint> dcp_;
   LogicalModel model_;
   std::vector<UnreadableTensor> unreadable_;
-  bool on_disk_ = true;  // every file read from the disk (DirectFile)
   std::vector<Source> sources_;
   std::vector<std::string> unsafe_;
   std::map<std::string, std::string> metadata_;

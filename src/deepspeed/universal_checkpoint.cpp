@@ -13,22 +13,6 @@ namespace ckpt::deepspeed {
 namespace fs = std::filesystem;
 using namespace detail;
 
-namespace {
-
-// Every *.pt of a parameter's folder in zero/, sorted: its state files.
-std::vector<std::string> StateFiles(const fs::path& folder, const Volume& volume) {
-  std::vector<std::string> out;
-  if (!volume.IsFolder(folder.string())) return out;
-  for (const Node& e : volume.List(folder.string())) {
-    std::string name = fs::path(e.path).filename().string();
-    if (name.ends_with(".pt") && e.type == NodeType::kFile) out.push_back(name);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
 bool LooksLikeUniversalCheckpoint(const std::string& path, const Volume& volume) {
   return volume.IsFile((fs::path(path) / "zero" / "optimizer_state.pt").string()) &&
          !Matching(path, "_model_states.pt", volume).empty() &&
@@ -77,7 +61,7 @@ void OpenUniversal(ZeroCheckpoint& z, const OnRankFile& on_file) {
       Fail("{}: missing: parameter '{}' has no zero/{}/fp32.pt", z.folder, name, name);
     // DeepSpeed's loader takes every *.pt of a folder as a state of the parameter: every
     // folder must hold the same ones.
-    std::vector<std::string> files = StateFiles(folder, *z.volume);
+    std::vector<std::string> files = Matching(folder.string(), ".pt", *z.volume);
     if (first_name.empty()) {
       first_files = files;
       first_name = name;

@@ -52,5 +52,9 @@ class Volume {
 
 // The file system, through std::filesystem and MappedFile::Open.
 const Volume& Disk();
+// `volume`, or the disk where there is none.
+inline const Volume& OrDisk(const Volume* volume) {
+  return volume ? *volume : Disk();
+}
 
 }  // namespace ckpt
